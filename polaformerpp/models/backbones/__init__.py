@@ -1,0 +1,3 @@
+from .polaformerpp import PolaFormerPP
+
+__all__ = ['PolaFormerPP']

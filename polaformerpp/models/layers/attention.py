@@ -1,0 +1,133 @@
+"""Token mixers of PolaFormer++: polarity-aware linear attention and RoPE softmax attention.
+
+Both take and return channels-last feature maps ``(B, H, W, C)`` and share one
+layout: a single ``Linear(C, 4C)`` producing ``[q | k | v | gate]``, a 5x5
+depthwise LePE on ``v`` added to the attention output, the gate multiplied in,
+and an output ``Linear(C, C)``.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from polaformerpp.ops import pola_attention, pola_rope_tables, rope_2d_tables
+from polaformerpp.ops.rope import apply_rope
+
+__all__ = ['PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer']
+
+
+class _GatedAttentionBase(nn.Module):
+    """Shared projections: ``Linear(C, 4C) -> [q|k|v|gate]``, LePE, output projection.
+
+    Args:
+        embed_dims (int): channels C.
+        num_heads (int): heads h; ``C % h == 0``.
+        qkv_name (str): attribute name of the ``Linear(C, 4C)``.
+    """
+
+    qkv_name = 'qkvg'
+
+    def __init__(self, embed_dims: int, num_heads: int, lepe_kernel_size: int = 5):
+        super().__init__()
+        if num_heads < 1 or embed_dims % num_heads != 0:
+            raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads ({num_heads})')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dim = embed_dims // num_heads
+        setattr(self, self.qkv_name, nn.Linear(embed_dims, 4 * embed_dims))
+        self.lepe = nn.Conv2d(embed_dims, embed_dims, lepe_kernel_size,
+                              padding=lepe_kernel_size // 2, groups=embed_dims)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def _split(self, x: Tensor):
+        """``(B, H, W, C) -> q, k, v (B, h, N, d)``, gate ``(B, H, W, C)``, v as image ``(B, C, H, W)``."""
+        B, H, W, C = x.shape
+        q, k, v, gate = getattr(self, self.qkv_name)(x).chunk(4, dim=-1)
+        v_image = v.permute(0, 3, 1, 2)
+
+        def heads(t):
+            return t.reshape(B, H * W, self.num_heads, self.head_dim).transpose(1, 2)
+
+        return heads(q), heads(k), heads(v), gate, v_image
+
+    def _merge(self, out: Tensor, v_image: Tensor, gate: Tensor) -> Tensor:
+        """Heads ``(B, h, N, d)`` + LePE(v), times the gate, projected: ``(B, H, W, C)``."""
+        B, H, W, C = gate.shape
+        out = out.transpose(1, 2).reshape(B, H, W, C)
+        out = out + self.lepe(v_image).permute(0, 2, 3, 1)
+        return self.proj(out * gate)
+
+
+class PolaLinearAttention(_GatedAttentionBase):
+    """Polarity-aware linear attention with channel-wise spiky feature maps.
+
+    Learnable temperatures ``temp_same``/``temp_opp`` ``(h, 2d)`` are stored as
+    logits (initialised to 0) and used through a sigmoid. A 2-D RoPE over the
+    token grid rotates the 2d-channel feature maps in the numerator.
+
+    Args:
+        embed_dims (int): channels C.
+        num_heads (int): heads h; the head dim ``C / h`` must be even.
+        use_rope (bool): rotate the numerator's feature maps. Default True.
+        backend (str): :func:`pola_attention` backend. Default ``'auto'``.
+    """
+
+    qkv_name = 'qkvg'
+
+    def __init__(self, embed_dims: int, num_heads: int, use_rope: bool = True,
+                 backend: str = 'auto', lepe_kernel_size: int = 5):
+        super().__init__(embed_dims, num_heads, lepe_kernel_size)
+        if self.head_dim % 2 != 0:
+            raise ValueError(f'the head dim embed_dims / num_heads = {self.head_dim} must be even '
+                             f'for the polarity split of the values')
+        self.use_rope = use_rope
+        self.backend = backend
+        self.temp_same = nn.Parameter(torch.zeros(num_heads, 2 * self.head_dim))
+        self.temp_opp = nn.Parameter(torch.zeros(num_heads, 2 * self.head_dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C) -> (B, H, W, C)``."""
+        B, H, W, C = x.shape
+        q, k, v, gate, v_image = self._split(x)
+        rope = pola_rope_tables(H, W, self.head_dim, device=x.device) if self.use_rope else None
+        out = pola_attention(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
+                             rope=rope, backend=self.backend)
+        return self._merge(out, v_image, gate)
+
+
+class RoPESoftmaxAttention(_GatedAttentionBase):
+    """Softmax attention with a 2-D RoPE on q and k (the late stages' "v" blocks).
+
+    Args:
+        embed_dims (int): channels C.
+        num_heads (int): heads h; the head dim must be a multiple of 4 (2-D RoPE).
+    """
+
+    qkv_name = 'qkvo'
+
+    def __init__(self, embed_dims: int, num_heads: int, use_rope: bool = True,
+                 lepe_kernel_size: int = 5):
+        super().__init__(embed_dims, num_heads, lepe_kernel_size)
+        if use_rope and self.head_dim % 4 != 0:
+            raise ValueError(f'the head dim embed_dims / num_heads = {self.head_dim} must be a '
+                             f'multiple of 4 for the 2-D RoPE of softmax attention')
+        self.use_rope = use_rope
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C) -> (B, H, W, C)``."""
+        B, H, W, C = x.shape
+        q, k, v, gate, v_image = self._split(x)
+        if self.use_rope:
+            sin, cos = rope_2d_tables(H, W, self.head_dim, device=x.device, dtype=q.dtype)
+            q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self._merge(out, v_image, gate)
+
+
+def build_token_mixer(attn_type: str, embed_dims: int, num_heads: int, backend: str = 'auto') -> nn.Module:
+    """``'linear'`` -> :class:`PolaLinearAttention`, ``'softmax'`` -> :class:`RoPESoftmaxAttention`."""
+    if attn_type == 'linear':
+        return PolaLinearAttention(embed_dims, num_heads, backend=backend)
+    if attn_type == 'softmax':
+        return RoPESoftmaxAttention(embed_dims, num_heads)
+    raise ValueError(f"attn_type must be 'linear' or 'softmax', got {attn_type!r}")

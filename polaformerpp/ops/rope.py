@@ -1,0 +1,79 @@
+"""2-D rotary position tables (the decoupled RoPE of PolaFormer++).
+
+A feature vector of ``channels`` entries is rotated pairwise: channels
+``[0, channels/2)`` by angles of the row index and ``[channels/2, channels)`` by
+angles of the column index. The frequencies are ``1 / 10000 ** linspace(0, 1,
+channels / 4)``, each repeated for the two channels of a rotation pair.
+
+The polarity-aware linear attention rotates its 2d-channel feature maps
+(``channels = 2 * head_dim``); the softmax attention of the late stages rotates
+q and k themselves (``channels = head_dim``).
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ['rope_frequencies', 'rope_2d_tables', 'pola_rope_tables', 'apply_rope']
+
+
+def rope_frequencies(channels: int, device=None) -> Tensor:
+    """Rotation frequency of every channel of one axis' half.
+
+    Returns:
+        Tensor: ``(channels // 2,)`` fp32, ``1 / 10000 ** linspace(0, 1,
+        channels // 4)`` with each value repeated twice (one rotation pair).
+    """
+    if channels % 4 != 0 or channels <= 0:
+        raise ValueError(f'channels must be a positive multiple of 4 for a 2-D RoPE '
+                         f'(two axes x channel pairs), got {channels}')
+    freqs = 1.0 / (10000 ** torch.linspace(0, 1, channels // 4, device=device, dtype=torch.float32))
+    return freqs.repeat_interleave(2)
+
+
+def rope_2d_tables(height: int, width: int, channels: int, device=None,
+                   dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+    """(sin, cos) tables of a 2-D RoPE over an ``height x width`` grid.
+
+    Tokens are numbered row-major (``n = row * width + col``).
+
+    Returns:
+        tuple[Tensor, Tensor]: ``sin`` and ``cos``, each ``(height * width, channels)``.
+    """
+    for name, value in (('height', height), ('width', width)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f'{name} must be a positive int, got {value!r}')
+    freqs = rope_frequencies(channels, device=device)  # (channels/2,)
+    rows = torch.arange(height, device=device, dtype=torch.float32)
+    cols = torch.arange(width, device=device, dtype=torch.float32)
+    angle_h = (rows[:, None] * freqs[None, :])[:, None, :].expand(height, width, -1)
+    angle_w = (cols[:, None] * freqs[None, :])[None, :, :].expand(height, width, -1)
+    angle = torch.cat([angle_h, angle_w], dim=-1).reshape(height * width, channels)
+    return angle.sin().to(dtype), angle.cos().to(dtype)
+
+
+def pola_rope_tables(height: int, width: int, head_dim: int, device=None,
+                     dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+    """RoPE tables for :func:`pola_attention` on an ``height x width`` token grid.
+
+    The polarity-aware feature maps have ``2 * head_dim`` channels: row angles
+    fill ``[0, head_dim)``, column angles ``[head_dim, 2 * head_dim)``.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``sin`` and ``cos``, each ``(height * width, 2 * head_dim)``.
+    """
+    if head_dim % 2 != 0 or head_dim <= 0:
+        raise ValueError(f'head_dim must be a positive even number, got {head_dim}')
+    return rope_2d_tables(height, width, 2 * head_dim, device=device, dtype=dtype)
+
+
+def apply_rope(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
+    """Rotate channel pairs ``(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)``.
+
+    Args:
+        x: ``(..., N, C)``.
+        sin, cos: ``(N, C)``, broadcast over the leading dims of ``x``.
+    """
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack([-x1, x0], dim=-1).flatten(-2)
+    return x * cos + rotated * sin
