@@ -1,0 +1,3 @@
+from .runtime import adapt_cfg_to_device, allow_trusted_checkpoint_loading, init_distributed_if_cpu
+
+__all__ = ['allow_trusted_checkpoint_loading', 'adapt_cfg_to_device', 'init_distributed_if_cpu']

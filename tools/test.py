@@ -1,0 +1,88 @@
+"""Evaluate a checkpoint with mmengine's Runner and the config's test evaluator.
+
+Examples::
+
+    python tools/test.py CONFIG CHECKPOINT
+    python tools/test.py CONFIG CHECKPOINT --tta            # config's tta_model/tta_pipeline
+    python tools/test.py CONFIG CHECKPOINT --out results.pkl --out-json metrics.json
+    bash tools/dist_test.sh CONFIG CHECKPOINT 8
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+
+import torch  # noqa: F401
+from mmengine.config import Config, DictAction
+from mmengine.evaluator import DumpResults
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..')))
+
+from polaformerpp.utils import (adapt_cfg_to_device, allow_trusted_checkpoint_loading,  # noqa: E402
+                                init_distributed_if_cpu)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Test (evaluate) a checkpoint')
+    parser.add_argument('config', help='config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='directory for the evaluation logs')
+    parser.add_argument('--out', help='dump raw predictions to this pickle file')
+    parser.add_argument('--out-json', help='write the final metrics to this JSON file')
+    parser.add_argument('--tta', action='store_true',
+                        help="test-time augmentation from the config's tta_model and tta_pipeline")
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config entries, e.g. test_dataloader.batch_size=1')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
+                        help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def merge_args(cfg, args):
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if not osp.isfile(args.checkpoint):
+        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+    cfg.load_from = args.checkpoint
+    if args.tta:
+        if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
+            raise ValueError('--tta needs tta_model and tta_pipeline in the config')
+        cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+        cfg.tta_model.module = cfg.model
+        cfg.model = cfg.tta_model
+    adapt_cfg_to_device(cfg, args.launcher)
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    allow_trusted_checkpoint_loading()
+    cfg = merge_args(Config.fromfile(args.config), args)
+    init_distributed_if_cpu(args.launcher)
+    runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    if args.out is not None:
+        if not args.out.endswith(('.pkl', '.pickle')):
+            raise ValueError(f'--out must be a .pkl file, got {args.out}')
+        runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))
+    metrics = runner.test()
+    if args.out_json is not None and runner.rank == 0:
+        with open(args.out_json, 'w') as f:
+            json.dump({k: float(v) if isinstance(v, (int, float)) else str(v)
+                       for k, v in metrics.items()}, f, indent=2)
+    return metrics
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,95 @@
+"""Train a model from a config with mmengine's Runner.
+
+Examples::
+
+    python tools/train.py configs/classification/polapp-b0_8xb256_in1k.py
+    python tools/train.py CONFIG --work-dir work_dirs/x --amp --cfg-options train_cfg.max_epochs=10
+    python tools/train.py CONFIG --resume                  # latest checkpoint in the work dir
+    python tools/train.py CONFIG --resume path/epoch_3.pth
+    bash tools/dist_train.sh CONFIG 8                      # torchrun, 8 processes
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+import torch
+from mmengine.config import Config, DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..')))
+
+from polaformerpp.utils import (adapt_cfg_to_device, allow_trusted_checkpoint_loading,  # noqa: E402
+                                init_distributed_if_cpu)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a model')
+    parser.add_argument('config', help='config file path')
+    parser.add_argument('--work-dir', help='directory for logs and checkpoints')
+    parser.add_argument(
+        '--resume', nargs='?', const='auto', default=None,
+        help='resume from the latest checkpoint in the work dir, or from the given checkpoint')
+    parser.add_argument('--amp', action='store_true', help='automatic mixed precision (CUDA)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale lr by the actual total batch over auto_scale_lr.base_batch_size')
+    parser.add_argument('--no-validate', action='store_true', help='skip validation during training')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config entries, e.g. model.backbone.arch=b1 train_cfg.max_epochs=5')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
+                        help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def merge_args(cfg, args):
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if args.amp:
+        if not torch.cuda.is_available():
+            raise ValueError('--amp needs a CUDA device (mixed precision runs through torch.cuda.amp)')
+        optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+        if optim_wrapper not in ('OptimWrapper', 'AmpOptimWrapper'):
+            raise ValueError(f'--amp works with OptimWrapper configs, got {optim_wrapper}')
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    if args.auto_scale_lr:
+        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
+            raise ValueError('--auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
+        cfg.auto_scale_lr.enable = True
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        if not osp.isfile(args.resume):
+            raise FileNotFoundError(f'--resume checkpoint not found: {args.resume}')
+        cfg.resume = True
+        cfg.load_from = args.resume
+    if args.no_validate:
+        cfg.val_cfg = None
+        cfg.val_dataloader = None
+        cfg.val_evaluator = None
+    adapt_cfg_to_device(cfg, args.launcher)
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    allow_trusted_checkpoint_loading()
+    cfg = merge_args(Config.fromfile(args.config), args)
+    init_distributed_if_cpu(args.launcher)
+    runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
