@@ -1,0 +1,53 @@
+import os
+import os.path as osp
+import socket
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
+sys.path.insert(0, REPO_ROOT)
+
+
+def load_tool(relpath):
+    """Import a script under ``tools/`` as a module (tools/ is not a package)."""
+    import importlib.util
+    path = osp.join(REPO_ROOT, relpath)
+    name = 'polapp_tool_' + osp.splitext(osp.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_tool(args, cwd=None, env=None, timeout=1800):
+    """Run ``python <args...>`` (or a shell script) from the repo root; fail with its output."""
+    full_env = dict(os.environ)
+    full_env.setdefault('PYTHON', sys.executable)
+    full_env['PYTHONPATH'] = REPO_ROOT + os.pathsep + full_env.get('PYTHONPATH', '')
+    full_env['OMP_NUM_THREADS'] = full_env.get('OMP_NUM_THREADS', '2')
+    if env:
+        full_env.update(env)
+    cmd = ['bash', *args] if args[0].endswith('.sh') else [sys.executable, *args]
+    proc = subprocess.run(cmd, cwd=cwd or REPO_ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f'{" ".join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}'
+                    f'\n--- stderr ---\n{proc.stderr[-6000:]}')
+    return proc
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope='session')
+def demo_in1k(tmp_path_factory):
+    """The generated ImageNet-format shapes set (4 classes, 64 px)."""
+    make_demo_data = load_tool('tools/misc/make_demo_data.py').make_demo_data
+    root = str(tmp_path_factory.mktemp('demo_in1k'))
+    make_demo_data(root, num_classes=4, train_per_class=40, val_per_class=10, size=64, seed=0)
+    return root
