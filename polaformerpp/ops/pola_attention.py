@@ -162,7 +162,9 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
     """
     _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend)
     if backend == 'auto':
-        backend = 'triton' if q.is_cuda and _triton_usable() else 'torch'
+        fused_ok = (q.is_cuda and v.shape[-1] == q.shape[-1]
+                    and all(t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in (q, k, v)))
+        backend = 'triton' if fused_ok and _triton_usable() else 'torch'
     if backend == 'triton':
         if not _triton_usable():
             raise ValueError("backend='triton' is not available in this build: "

@@ -54,8 +54,9 @@ feature maps, the accumulations, ``1/N`` and the division are fp32; the
 output is stored in ``q``'s dtype. ``exp(x) - 1`` uses a Taylor polynomial
 below 0.1 (``tl.exp(x) - 1`` would lose relative precision near 0, and
 libdevice's ``expm1`` does not run under ``TRITON_INTERPRET=1``). Matrix
-products use ``input_precision='ieee'`` for fp32 inputs (so the result matches
-the torch backend to ~1e-6) and ``'tf32'`` for fp16/bf16 inputs.
+products use ``input_precision='tf32x3'`` for fp32 inputs (about fp32 accuracy
+on tensor cores) and ``'tf32'`` for fp16/bf16 inputs (well below their own
+rounding); the interpreter computes them in plain fp32.
 
 RoPE: the public API passes the rotation as arbitrary ``(N, 2d)`` ``sin``/``cos``
 tables (it does not know the token grid ``H x W``), so the kernels read those
@@ -66,10 +67,17 @@ Layouts: ``q``, ``k``, ``v`` and the output gradient may have any strides (the
 backbone's ``(B, N, h, d)`` buffer viewed as ``(B, h, N, d)`` needs no copy);
 outputs and input gradients are contiguous ``(B, h, N, d)``.
 
-Under ``TRITON_INTERPRET=1`` (CPU tensors, used by the tests) one fixed small
-configuration runs; on a GPU the block size, warps and stages are autotuned.
+Autograd and ``torch.compile``: forward and backward are the custom ops
+``torch.ops.polaformerpp.pola_attention_triton_{fwd,bwd}`` (with fake
+implementations and an autograd formula), so compiled graphs treat them as
+opaque nodes instead of tracing into Triton.
+
+Under ``TRITON_INTERPRET=1`` (CPU tensors, used by the tests; the variable must
+be set before ``triton`` is imported) one fixed small configuration runs; on a
+GPU the block size, warps and stages are autotuned.
+:func:`compile_kernels_for_target` builds every kernel for a CUDA architecture
+without a GPU (CI uses it to catch what the interpreter cannot).
 """
-import math
 import os
 from typing import Optional, Tuple
 
@@ -78,13 +86,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ['pola_attention_triton', 'PolaAttentionTritonFunction']
+__all__ = ['pola_attention_triton', 'compile_kernels_for_target']
 
 _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _NUM_QUADS = 4          # feature channel groups: +even, +odd, -even, -odd
 _NUM_STREAMS = 2        # same-polarity, opposite-polarity
 _MAX_BLOCK_N = 128      # largest token tile of the GPU configs; chunk lengths are multiples of it
+_MAX_GRID_Y = 65535    # CUDA limit of the second grid axis (batch * heads)
 _INTERPRET_BLOCK_N = 16
 _INTERPRET_CHUNK_LEN = 32  # two tiles per chunk: the tests exercise the chunk loop and the reduction
 
@@ -92,14 +101,9 @@ _INTERPRET_CHUNK_LEN = 32  # two tiles per chunk: the tests exercise the chunk l
 def _configs():
     if _INTERPRET:
         return [triton.Config({'BLOCK_N': _INTERPRET_BLOCK_N}, num_warps=1, num_stages=1)]
-    return [
-        triton.Config({'BLOCK_N': 32}, num_warps=4, num_stages=2),
-        triton.Config({'BLOCK_N': 64}, num_warps=4, num_stages=2),
-        triton.Config({'BLOCK_N': 64}, num_warps=4, num_stages=3),
-        triton.Config({'BLOCK_N': 64}, num_warps=8, num_stages=2),
-        triton.Config({'BLOCK_N': 128}, num_warps=8, num_stages=2),
-        triton.Config({'BLOCK_N': 128}, num_warps=4, num_stages=3),
-    ]
+    # (BLOCK_N, warps, stages): small tiles keep the quad-split tiles in registers at d = 96/128.
+    shapes = [(16, 4, 1), (32, 4, 1), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2), (128, 8, 2)]
+    return [triton.Config({'BLOCK_N': bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
 
 
 def _autotune(kernel):
@@ -199,6 +203,12 @@ def _row_dot(f, m):
 # ----------------------------------------------------------------------------
 # Loads and stores.
 # ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _batch_and_head(bh, num_heads):
+    """Split the (int64) ``B * h`` program index into batch element and head."""
+    return bh // num_heads, bh % num_heads
 
 
 @triton.jit
@@ -353,8 +363,8 @@ def _fwd_state_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, state_part_ptr, mean_part_
     stream = tl.program_id(0) % 2
     chunk = tl.program_id(0) // 2
     num_chunks = tl.num_programs(0) // 2
-    bh = tl.program_id(1)
-    batch, head = bh // num_heads, bh % num_heads
+    bh = tl.program_id(1).to(tl.int64)  # int64: bh * stride must not overflow
+    batch, head = _batch_and_head(bh, num_heads)
     k_base = k_ptr + batch * stride_kb + head * stride_kh
     v_base = v_ptr + batch * stride_vb + head * stride_vh + stream * (HEAD_DIM // 2) * stride_vd
     offs_i = tl.arange(0, BLOCK_D)
@@ -400,8 +410,8 @@ def _fwd_out_kernel(q_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean_ptr, o_pt
     """
     stream = tl.program_id(0) % 2
     tile = tl.program_id(0) // 2
-    bh = tl.program_id(1)
-    batch, head = bh // num_heads, bh % num_heads
+    bh = tl.program_id(1).to(tl.int64)  # int64: bh * stride must not overflow
+    batch, head = _batch_and_head(bh, num_heads)
     offs_i = tl.arange(0, BLOCK_D)
     mask_i = offs_i < HEAD_DIM // 2
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -441,8 +451,8 @@ def _bwd_state_kernel(q_ptr, do_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean
     stream = tl.program_id(0) % 2
     chunk = tl.program_id(0) // 2
     num_chunks = tl.num_programs(0) // 2
-    bh = tl.program_id(1)
-    batch, head = bh // num_heads, bh % num_heads
+    bh = tl.program_id(1).to(tl.int64)  # int64: bh * stride must not overflow
+    batch, head = _batch_and_head(bh, num_heads)
     q_base = q_ptr + batch * stride_qb + head * stride_qh
     do_base = do_ptr + batch * stride_gb + head * stride_gh + stream * (HEAD_DIM // 2) * stride_gd
     offs_i = tl.arange(0, BLOCK_D)
@@ -522,8 +532,8 @@ def _bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean
     """
     chunk = tl.program_id(0)
     num_chunks = tl.num_programs(0)
-    bh = tl.program_id(1)
-    batch, head = bh // num_heads, bh % num_heads
+    bh = tl.program_id(1).to(tl.int64)  # int64: bh * stride must not overflow
+    batch, head = _batch_and_head(bh, num_heads)
     q_base = q_ptr + batch * stride_qb + head * stride_qh
     do_base = do_ptr + batch * stride_gb + head * stride_gh
     dq_base = dq_ptr + batch * stride_dqb + head * stride_dqh
@@ -579,8 +589,8 @@ def _bwd_key_value_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, dstate_ptr, dmean_ptr,
     ``dm / N`` ``(B h, 4, BLOCK_D)``. Grid ``(num_tiles, B * h)``.
     """
     tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    batch, head = bh // num_heads, bh % num_heads
+    bh = tl.program_id(1).to(tl.int64)  # int64: bh * stride must not overflow
+    batch, head = _batch_and_head(bh, num_heads)
     offs_i = tl.arange(0, BLOCK_D)
     mask_i = offs_i < HEAD_DIM // 2
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -661,8 +671,12 @@ def _quads_to_channels(x: Tensor, head_dim: int) -> Tensor:
     return torch.cat([pos, neg], dim=-1)
 
 
-def _precision(dtype: torch.dtype) -> str:
-    return 'ieee' if dtype == torch.float32 else 'tf32'
+def _precision(q: Tensor) -> str:
+    """``tl.dot`` input precision: three-pass TF32 (about fp32 accuracy, tensor cores) for fp32
+    inputs, TF32 for fp16/bf16 inputs (below their own rounding), IEEE before Ampere."""
+    if q.device.type == 'cuda' and not _INTERPRET and torch.cuda.get_device_capability(q.device)[0] < 8:
+        return 'ieee'
+    return 'tf32x3' if q.dtype == torch.float32 else 'tf32'
 
 
 def _rope_args(rope, q):
@@ -679,8 +693,9 @@ def _forward(q, k, v, temps, rope, eps):
     batch, heads, seq_len, head_dim = q.shape
     bd = _block_d(head_dim)
     bh = batch * heads
+    temps = temps.contiguous()
     sin, cos, has_rope = _rope_args(rope, q)
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, HAS_ROPE=has_rope, PRECISION=_precision(q.dtype))
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, HAS_ROPE=has_rope, PRECISION=_precision(q))
     chunk_len = _chunk_len(seq_len, _NUM_STREAMS * bh, q.device)
     num_chunks = triton.cdiv(seq_len, chunk_len)
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -704,8 +719,9 @@ def _backward(grad_out, q, k, v, temps, rope, state, mean, eps, needs_query, nee
     batch, heads, seq_len, head_dim = q.shape
     bd = _block_d(head_dim)
     bh = batch * heads
+    temps = temps.contiguous()
     sin, cos, has_rope = _rope_args(rope, q)
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, HAS_ROPE=has_rope, PRECISION=_precision(q.dtype))
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, HAS_ROPE=has_rope, PRECISION=_precision(q))
     f32 = dict(device=q.device, dtype=torch.float32)
     dq = dk = dv = dtemps = None
 
@@ -735,36 +751,138 @@ def _backward(grad_out, q, k, v, temps, rope, state, mean, eps, needs_query, nee
             q, grad_out, temps, sin, cos, state, mean, dq, dtemp_part,
             seq_len, heads, chunk_len, eps, *_strides(q), *_strides(grad_out), *_strides(dq), **meta)
         dtemp_quads = dtemp_part.sum(dim=1).view(batch, heads, _NUM_STREAMS, _NUM_QUADS, bd).sum(dim=0)
-        dtemps = _quads_to_channels(dtemp_quads, head_dim).transpose(0, 1)   # (2, h, 2d)
+        dtemps = _quads_to_channels(dtemp_quads, head_dim).transpose(0, 1).contiguous()  # (2, h, 2d)
     return dq, dk, dv, dtemps
 
 
-class PolaAttentionTritonFunction(torch.autograd.Function):
-    """Autograd wrapper of the fused kernels (saves only the inputs, ``S`` and ``m``)."""
+# ----------------------------------------------------------------------------
+# Autograd: two custom ops (opaque to torch.compile, which then needs no graph break).
+# ----------------------------------------------------------------------------
 
-    @staticmethod
-    def forward(ctx, q, k, v, temp_same, temp_opp, sin, cos, eps):
-        rope = None if sin is None else (sin, cos)
-        temps = torch.stack([temp_same, temp_opp]).to(torch.float32).contiguous()  # (2, h, 2d)
-        out, state, mean = _forward(q, k, v, temps, rope, eps)
-        ctx.save_for_backward(q, k, v, temps, sin, cos, state, mean)
-        ctx.eps = eps
-        ctx.temp_dtypes = (temp_same.dtype, temp_opp.dtype)
-        return out
+_OP_NAMESPACE = 'polaformerpp'
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, temps, sin, cos, state, mean = ctx.saved_tensors
-        rope = None if sin is None else (sin, cos)
-        needs = ctx.needs_input_grad
-        dq, dk, dv, dtemps = _backward(grad_out, q, k, v, temps, rope, state, mean, ctx.eps,
-                                       needs_query=needs[0] or needs[3] or needs[4],
-                                       needs_key_value=needs[1] or needs[2])
-        dtemp_same = dtemp_opp = None
-        if dtemps is not None:
-            dtemp_same = dtemps[0].to(ctx.temp_dtypes[0])
-            dtemp_opp = dtemps[1].to(ctx.temp_dtypes[1])
-        return dq, dk, dv, dtemp_same, dtemp_opp, None, None, None
+
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, temps: Tensor, sin: Optional[Tensor],
+              cos: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out, state, mean)``; ``temps`` is the fp32 ``(2, h, 2d)`` stack of both temperatures."""
+    return _forward(q, k, v, temps, None if sin is None else (sin, cos), eps)
+
+
+def _fwd_fake(q, k, v, temps, sin, cos, eps):
+    bh, bd = q.shape[0] * q.shape[1], _block_d(q.shape[-1])
+    return (q.new_empty(q.shape),
+            q.new_empty((bh, _NUM_STREAMS, _NUM_QUADS, bd, bd), dtype=torch.float32),
+            q.new_empty((bh, _NUM_QUADS, bd), dtype=torch.float32))
+
+
+def _bwd_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, temps: Tensor, sin: Optional[Tensor],
+              cos: Optional[Tensor], state: Tensor, mean: Tensor, eps: float, needs_query: bool,
+              needs_key_value: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dtemps)``; gradients that are not needed come back empty."""
+    dq, dk, dv, dtemps = _backward(grad_out, q, k, v, temps, None if sin is None else (sin, cos),
+                                   state, mean, eps, needs_query, needs_key_value)
+    empty = q.new_empty(0)
+    return (empty if dq is None else dq, empty if dk is None else dk, empty if dv is None else dv,
+            empty if dtemps is None else dtemps)
+
+
+def _bwd_fake(grad_out, q, k, v, temps, sin, cos, state, mean, eps, needs_query, needs_key_value):
+    empty = q.new_empty(0)
+    return (q.new_empty(q.shape) if needs_query else empty,
+            k.new_empty(k.shape) if needs_key_value else empty,
+            v.new_empty(v.shape) if needs_key_value else empty,
+            temps.new_empty(temps.shape) if needs_query else empty)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, temps, sin, cos, eps = inputs
+    _, state, mean = output
+    ctx.save_for_backward(q, k, v, temps, sin, cos, state, mean)
+    ctx.mark_non_differentiable(state, mean)
+    ctx.eps = eps
+
+
+def _fwd_backward(ctx, grad_out, grad_state, grad_mean):
+    q, k, v, temps, sin, cos, state, mean = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    needs_query, needs_key_value = needs[0] or needs[3], needs[1] or needs[2]
+    dq, dk, dv, dtemps = _bwd_op()(grad_out, q, k, v, temps, sin, cos, state, mean, ctx.eps,
+                                   needs_query, needs_key_value)
+    return (dq if needs_query else None, dk if needs_key_value else None,
+            dv if needs_key_value else None, dtemps if needs_query else None, None, None, None)
+
+
+def _register_ops():
+    """Define ``polaformerpp::pola_attention_triton_{fwd,bwd}`` once per process.
+
+    On a module reload the registered ops stay; they call this module's functions
+    through its (re-executed) globals, so they pick up the reloaded kernels.
+    """
+    namespace = getattr(torch.ops, _OP_NAMESPACE)
+    if hasattr(namespace, 'pola_attention_triton_fwd'):
+        return
+    fwd = torch.library.custom_op(f'{_OP_NAMESPACE}::pola_attention_triton_fwd', _fwd_impl, mutates_args=())
+    fwd.register_fake(_fwd_fake)
+    bwd = torch.library.custom_op(f'{_OP_NAMESPACE}::pola_attention_triton_bwd', _bwd_impl, mutates_args=())
+    bwd.register_fake(_bwd_fake)
+    fwd.register_autograd(_fwd_backward, setup_context=_setup_context)
+
+
+def _fwd_op():
+    return getattr(torch.ops, _OP_NAMESPACE).pola_attention_triton_fwd
+
+
+def _bwd_op():
+    return getattr(torch.ops, _OP_NAMESPACE).pola_attention_triton_bwd
+
+
+_register_ops()
+
+
+_KERNELS = ('_fwd_state_kernel', '_fwd_out_kernel', '_bwd_state_kernel', '_bwd_query_kernel',
+            '_bwd_key_value_kernel')
+# Pointer arguments that carry the caller's dtype; every other pointer is an fp32 workspace.
+_IO_POINTERS = ('q_ptr', 'k_ptr', 'v_ptr', 'o_ptr', 'do_ptr', 'dq_ptr', 'dk_ptr', 'dv_ptr')
+
+
+def compile_kernels_for_target(head_dim: int, dtype: str = 'bf16', has_rope: bool = True,
+                               capability: int = 90, block_n: int = 32, num_warps: int = 4,
+                               num_stages: int = 1) -> dict:
+    """Compile every kernel ahead of time for a CUDA target; no GPU needed (needs ptxas).
+
+    Lets CI check that the kernels build for a real device, which the
+    interpreter does not. Not usable under ``TRITON_INTERPRET=1``.
+
+    Args:
+        head_dim: ``d``. dtype: ``'fp32'``, ``'fp16'`` or ``'bf16'`` (of q/k/v/o).
+        capability: e.g. 90 for sm_90 (H100/H200), 80 for A100.
+
+    Returns:
+        dict: kernel name -> ``triton.compiler.CompiledKernel`` (``.asm['ptx']``, ...).
+    """
+    if _INTERPRET:
+        raise RuntimeError('compile_kernels_for_target does not work with TRITON_INTERPRET=1')
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    precision = 'tf32x3' if dtype == 'fp32' else 'tf32'
+    constants = dict(HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_ROPE=has_rope,
+                     PRECISION=precision, BLOCK_N=block_n)
+    compiled = {}
+    for name in _KERNELS:
+        fn = globals()[name].fn  # the JITFunction under the autotuner
+        signature = {}
+        for arg in fn.arg_names:
+            if arg in constants:
+                signature[arg] = 'constexpr'
+            elif arg.endswith('_ptr'):
+                signature[arg] = '*' + (dtype if arg in _IO_POINTERS else 'fp32')
+            else:
+                signature[arg] = 'fp32' if arg == 'eps' else 'i32'
+        compiled[name] = triton.compile(
+            ASTSource(fn, signature, constants), target=GPUTarget('cuda', capability, 32),
+            options=dict(num_warps=num_warps, num_stages=num_stages))
+    return compiled
 
 
 def _check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
@@ -776,6 +894,9 @@ def _check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
         if t.dtype not in _SUPPORTED_DTYPES:
             raise ValueError(f"backend='triton' supports float32, float16 and bfloat16; {name} has dtype "
                              f"{t.dtype} (use backend='torch')")
+    if q.shape[0] * q.shape[1] > _MAX_GRID_Y:
+        raise ValueError(f"backend='triton' supports batch * heads <= {_MAX_GRID_Y}, got "
+                         f"{q.shape[0]} * {q.shape[1]} (use backend='torch')")
     if v.shape[-1] != q.shape[-1]:
         raise ValueError(f"backend='triton' needs the head dim of v ({v.shape[-1]}) to equal the head "
                          f"dim of q ({q.shape[-1]}) (use backend='torch')")
@@ -800,5 +921,9 @@ def pola_attention_triton(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, te
         Tensor: ``(B, h, N, d)`` contiguous, in ``q``'s dtype.
     """
     _check_triton_inputs(q, k, v, temp_same, temp_opp, rope)
-    sin, cos = (None, None) if rope is None else (rope[0].detach(), rope[1].detach())
-    return PolaAttentionTritonFunction.apply(q, k, v, temp_same, temp_opp, sin, cos, float(eps))
+    sin, cos = (None, None) if rope is None else (rope[0].detach().contiguous(), rope[1].detach().contiguous())
+    # Stacking/casting the temperatures outside the op lets autograd route dtemps back to
+    # both (in their own dtypes).
+    temps = torch.stack([temp_same, temp_opp]).to(torch.float32)  # (2, h, 2d)
+    out, _, _ = _fwd_op()(q, k, v, temps, sin, cos, float(eps))
+    return out

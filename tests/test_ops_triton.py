@@ -1,0 +1,240 @@
+"""The fused Triton backend of ``pola_attention`` against the torch backend.
+
+Runs on CPU through the Triton interpreter, so sizes are tiny. The
+environment variable must be set before Triton (or polaformerpp, which may
+import it) is imported.
+"""
+import os
+import sys
+
+# Triton picks interpreter mode when it is imported; a process that imported it
+# before this line (without the variable) cannot run these tests on CPU tensors.
+_TRITON_PREIMPORTED = 'triton' in sys.modules and os.environ.get('TRITON_INTERPRET') != '1'
+os.environ['TRITON_INTERPRET'] = '1'
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip('triton')
+if _TRITON_PREIMPORTED:
+    pytest.skip('triton was imported before TRITON_INTERPRET=1 was set; run this file on its own '
+                'or set the variable in conftest.py', allow_module_level=True)
+
+from polaformerpp.ops import pola_attention, pola_attention_torch, pola_rope_tables  # noqa: E402
+
+import polaformerpp.ops.pola_attention_triton as triton_ops  # noqa: E402
+
+pola_attention_triton = triton_ops.pola_attention_triton
+
+GRAD_NAMES = ('q', 'k', 'v', 'temp_same', 'temp_opp')
+# Relative tolerance (of the reference's largest magnitude) and an absolute floor
+# for quantities that are zero up to rounding (e.g. the temperature gradients at N = 1,
+# where the output no longer depends on the query up to eps).
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 1e-4), torch.bfloat16: (1e-2, 1e-4)}
+
+
+def make_inputs(batch, heads, height, width, head_dim, rope, dtype, scale=1.0, seed=0):
+    """Random ``q, k, v`` ``(B, h, N, d)`` in ``dtype``, fp32 temperatures in (0, 1), RoPE tables
+    and an output gradient; every tensor that has a gradient requires it."""
+    gen = torch.Generator().manual_seed(seed)
+    num_tokens = height * width
+    q, k, v = (scale * torch.randn(batch, heads, num_tokens, head_dim, generator=gen) for _ in range(3))
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    temp_same = torch.rand(heads, 2 * head_dim, generator=gen).requires_grad_()
+    temp_opp = torch.rand(heads, 2 * head_dim, generator=gen).requires_grad_()
+    tables = pola_rope_tables(height, width, head_dim) if rope else None
+    grad_out = torch.randn(batch, heads, num_tokens, head_dim, generator=gen).to(dtype)
+    return (q, k, v, temp_same, temp_opp), tables, grad_out
+
+
+def output_and_grads(fn, inputs, rope, grad_out):
+    out = fn(*inputs, rope)
+    return (out, *torch.autograd.grad(out, inputs, grad_out))
+
+
+def assert_close_rel(actual, expected, rtol, atol, name):
+    assert actual.shape == expected.shape, name
+    assert actual.dtype == expected.dtype, name
+    actual, expected = actual.double(), expected.double()
+    err = (actual - expected).abs().max().item()
+    bound = rtol * expected.abs().max().item() + atol
+    assert err <= bound, f'{name}: max abs error {err:.3e} > {bound:.3e}'
+
+
+CASES = [
+    # batch, heads, height, width, head_dim, rope, dtype
+    (1, 1, 1, 1, 16, True, torch.float32),      # N = 1
+    (1, 2, 1, 1, 12, False, torch.float32),     # N = 1, d = 12
+    (2, 2, 5, 7, 12, True, torch.float32),      # N = 35: not a multiple of the tile (16) or chunk (32)
+    (1, 1, 4, 4, 96, True, torch.float32),      # d = 96 (padded to 2 x 64)
+    (1, 2, 3, 11, 32, False, torch.float32),    # N = 33: a chunk holding one token
+    (1, 1, 6, 8, 48, True, torch.float32),      # d = 48
+    (2, 1, 7, 9, 64, True, torch.float32),      # N = 63, d = 64
+    (1, 1, 5, 5, 128, False, torch.float32),    # d = 128
+    (1, 2, 4, 5, 16, True, torch.float16),
+    (2, 1, 3, 7, 32, True, torch.bfloat16),
+    (1, 1, 9, 9, 64, False, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize('batch,heads,height,width,head_dim,rope,dtype', CASES)
+def test_forward_and_gradients_match_torch(batch, heads, height, width, head_dim, rope, dtype):
+    inputs, tables, grad_out = make_inputs(batch, heads, height, width, head_dim, rope, dtype)
+    expected = output_and_grads(pola_attention_torch, inputs, tables, grad_out)
+    actual = output_and_grads(pola_attention_triton, inputs, tables, grad_out)
+    rtol, atol = TOLERANCES[dtype]
+    for name, a, e in zip(('out',) + GRAD_NAMES, actual, expected):
+        assert_close_rel(a, e, rtol, atol, name)
+
+
+def test_backbone_layout_without_copy():
+    """q, k, v as the (B, N, h, d) views of one projection buffer, non-contiguous grad_out."""
+    batch, heads, height, width, head_dim = 2, 2, 3, 5, 16
+    num_tokens, channels = height * width, heads * head_dim
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(batch, num_tokens, 3 * channels, generator=gen, requires_grad=True)
+    q, k, v = (t.reshape(batch, num_tokens, heads, head_dim).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+    assert not q.is_contiguous()
+    temps = [torch.rand(heads, 2 * head_dim, generator=gen, requires_grad=True) for _ in range(2)]
+    tables = pola_rope_tables(height, width, head_dim)
+    grad_out = torch.randn(batch, num_tokens, heads, head_dim, generator=gen).transpose(1, 2)
+    inputs = (q, k, v, *temps)
+    leaves = (qkv, *temps)
+    results = []
+    for fn in (pola_attention_torch, pola_attention_triton):
+        out = fn(*inputs, tables)
+        results.append((out, *torch.autograd.grad(out, leaves, grad_out)))
+    for name, a, e in zip(('out', 'qkv', 'temp_same', 'temp_opp'), results[1], results[0]):
+        assert_close_rel(a, e, 1e-4, 1e-6, name)
+
+
+def test_small_inputs_are_accurate():
+    """|x| ~ 1e-3: exp(x) - 1 must not cancel (compared with a float64 reference)."""
+    inputs, tables, grad_out = make_inputs(1, 1, 4, 6, 16, True, torch.float32, scale=1e-3)
+    actual = output_and_grads(pola_attention_triton, inputs, tables, grad_out)
+    inputs64 = tuple(t.detach().double().requires_grad_() for t in inputs)
+    tables64 = tuple(t.double() for t in tables)
+    expected = output_and_grads(pola_attention_torch, inputs64, tables64, grad_out.double())
+    for name, a, e in zip(('out',) + GRAD_NAMES, actual, expected):
+        assert_close_rel(a.double(), e, 1e-4, 0.0, name)
+
+
+def test_half_precision_large_inputs_stay_finite():
+    """|x| up to ~30: exp overflows fp16 (65504 at 11.1) unless computed in fp32.
+
+    Without RoPE each output is a convex combination of values, so it must stay finite.
+    """
+    inputs, tables, grad_out = make_inputs(1, 1, 4, 4, 16, False, torch.float16, scale=10.0)
+    actual = output_and_grads(pola_attention_triton, inputs, tables, grad_out)
+    expected = output_and_grads(pola_attention_torch, inputs, tables, grad_out)
+    assert torch.isfinite(actual[0]).all()
+    assert_close_rel(actual[0], expected[0], 1e-2, 1e-3, 'out')
+
+
+def test_dispatcher_selects_triton():
+    inputs, tables, _ = make_inputs(1, 2, 3, 4, 16, True, torch.float32)
+    inputs = tuple(t.detach() for t in inputs)
+    expected = pola_attention(*inputs, rope=tables, backend='torch')
+    actual = pola_attention(*inputs, rope=tables, backend='triton')
+    assert_close_rel(actual, expected, 1e-4, 1e-6, 'out')
+    # 'auto' keeps CPU tensors on the torch backend.
+    assert torch.equal(pola_attention(*inputs, rope=tables, backend='auto'), expected)
+
+
+def test_torch_compile_full_graph():
+    """The kernels sit behind custom ops, so torch.compile traces them without a graph break."""
+    inputs, tables, grad_out = make_inputs(1, 2, 3, 4, 16, True, torch.float32)
+
+    def loss_fn(q, k, v, temp_same, temp_opp):
+        out = pola_attention(q, k, v, temp_same, temp_opp, rope=tables, backend='triton')
+        return (out * grad_out).sum()
+
+    expected = torch.autograd.grad(loss_fn(*inputs), inputs)
+    compiled = torch.compile(loss_fn, backend='aot_eager', fullgraph=True)
+    actual = torch.autograd.grad(compiled(*inputs), inputs)
+    for name, a, e in zip(GRAD_NAMES, actual, expected):
+        assert_close_rel(a, e, 1e-6, 1e-7, name)
+
+
+def test_custom_op_registration():
+    inputs, tables, _ = make_inputs(1, 1, 2, 3, 16, True, torch.float32)
+    q, k, v, temp_same, temp_opp = inputs
+    temps = torch.stack([temp_same, temp_opp]).detach().requires_grad_()
+    op = torch.ops.polaformerpp.pola_attention_triton_fwd
+    torch.library.opcheck(op, (q, k, v, temps, *tables, 1e-6),
+                          test_utils=('test_schema', 'test_autograd_registration', 'test_faketensor'))
+
+
+def test_unsupported_inputs_raise():
+    inputs, _, _ = make_inputs(1, 1, 2, 2, 16, False, torch.float32)
+    q, k, v, temp_same, temp_opp = (t.detach() for t in inputs)
+    with pytest.raises(ValueError, match='head dim of v'):
+        pola_attention_triton(q, k, v[..., :8], temp_same, temp_opp)
+    with pytest.raises(ValueError, match='float64'):
+        pola_attention_triton(q.double(), k.double(), v.double(), temp_same, temp_opp)
+
+
+COMPILE_SCRIPT = """
+import sys
+try:
+    from triton import knobs
+    knobs.nvidia.ptxas.path
+except Exception as exc:
+    print('no ptxas:', exc)
+    sys.exit(3)
+from polaformerpp.ops.pola_attention_triton import compile_kernels_for_target
+for head_dim, dtype, has_rope, capability in [(12, 'bf16', True, 90), (16, 'fp32', False, 80)]:
+    kernels = compile_kernels_for_target(head_dim, dtype, has_rope, capability)
+    assert all('ptx' in k.asm for k in kernels.values())
+print('ok')
+"""
+
+
+def test_kernels_compile_for_gpu_targets():
+    """The interpreter does not check what a GPU build checks (dot shapes, layouts, types):
+    compile every kernel for sm_90 and sm_80 ahead of time (no GPU needed, ptxas is)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env['PYTHONPATH'] = repo + os.pathsep + env.get('PYTHONPATH', '')
+    proc = subprocess.run([sys.executable, '-c', COMPILE_SCRIPT], env=env, cwd=repo,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode == 3:
+        pytest.skip(proc.stdout.strip())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_backbone_triton_equals_torch():
+    from polaformerpp.models.backbones import PolaFormerPP
+
+    def build(backend):
+        return PolaFormerPP(arch=dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1],
+                                      num_heads=[1, 2, 2, 4]),
+                            out_indices=(0, 1, 2, 3), attn_types=('linear', ) * 4,
+                            attn_backend=backend).eval()
+
+    torch.manual_seed(0)
+    reference = build('torch')
+    state = reference.state_dict()
+    for name in state:  # spread the temperatures (they start at 0, i.e. 0.5 after the sigmoid)
+        if name.endswith(('temp_same', 'temp_opp')):
+            state[name] = torch.randn_like(state[name])
+    reference.load_state_dict(state)
+    fused = build('triton')
+    fused.load_state_dict(state)
+
+    image = torch.randn(1, 3, 48, 40)
+    results = []
+    for model in (reference, fused):
+        outs = model(image)
+        loss = sum((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum() for out in outs)
+        loss.backward()
+        results.append((outs, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (ref_outs, ref_grads), (outs, grads) = results
+    assert len(outs) == 4
+    for i, (a, e) in enumerate(zip(outs, ref_outs)):
+        assert_close_rel(a, e, 1e-4, 1e-6, f'out{i}')
+    assert any('temp_same' in n for n in grads)
+    for name, g in ref_grads.items():
+        assert_close_rel(grads[name], g, 1e-3, 1e-6, f'grad of {name}')
