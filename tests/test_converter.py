@@ -279,11 +279,10 @@ def max_rel_err(out, ref):
     return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
-def assert_same_logits(model, reference, sizes=((2, 64, 64), (1, 48, 80)), dtype=torch.float64):
-    """Max relative error < 1e-5 on square and non-square inputs.
+def assert_same_logits(model, reference, sizes=((2, 64, 64), (1, 48, 80)), dtype=torch.float32):
+    """Max relative error (max |diff| / max |ref|) < 1e-5 on square and non-square inputs.
 
-    float64 by default (the fp32 weights are exact in fp64, so only the mapping
-    is tested); the fp32 error is ~1e-6.
+    fp32 (measured ~5e-7; ~1e-9 in float64, where CPU depthwise convs are slow).
     """
     model, reference = copy.deepcopy(model).to(dtype).eval(), copy.deepcopy(reference).to(dtype).eval()
     gen = torch.Generator().manual_seed(1)
@@ -301,6 +300,15 @@ def run_cli(*args):
     env = dict(os.environ, OMP_NUM_THREADS='1')
     return subprocess.Popen([sys.executable, str(CONVERTER), *map(str, args)], cwd=str(REPO), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _one_thread():
+    """These models are tiny: one thread avoids oversubscription on busy CI machines."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope='module')
@@ -378,7 +386,6 @@ def test_convert_function_b0_reproduces_logits(b0):
     ours = project_classifier('b0', 1000)
     ours.load_state_dict(new_sd, strict=True)
     assert_same_logits(ours, model)
-    assert_same_logits(ours, model, sizes=((1, 64, 64), ), dtype=torch.float32)
 
 
 def test_cli_into_config_classifier(b0):
@@ -434,7 +441,8 @@ def test_unknown_and_missing_keys_are_reported(b0):
     missing = 'backbone.stages.1.blocks.1.attn.lepe.bias'
     _, report = conv.convert_official_state_dict(b0['bad_sd'])
     assert not report.ok
-    assert report.unknown == [extra] and report.missing == [missing]
+    assert report.unknown == [extra]
+    assert report.missing == [f'{missing} (from layers.1.blocks.1.attn.lepe.bias)']
 
     rc, out, dst = b0['runs']['bad']
     assert rc != 0

@@ -56,7 +56,8 @@ import torch
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 __all__ = [
-    'ConversionReport', 'load_official_checkpoint', 'infer_arch', 'convert_key',
+    'ConversionReport', 'CheckpointFormatError', 'load_official_checkpoint', 'select_state_dict',
+    'infer_arch', 'convert_key', 'official_key',
     'expected_rope_angle', 'convert_official_state_dict', 'build_target_shapes', 'convert_file',
     'main'
 ]
@@ -179,14 +180,19 @@ def load_official_checkpoint(path: str, ema: bool = False,
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
+    with open(path, 'rb') as f:
+        magic = f.read(4)
+    if magic != b'PK\x03\x04' and not magic.startswith(b'\x80'):
+        raise CheckpointFormatError(f'{path} is not a loadable torch checkpoint: it is neither a '
+                                    f'torch.save zip archive nor a pickle (starts with {magic!r})')
     try:
         ckpt = _torch_load(path, trust)
     except Exception as e:  # noqa: BLE001 - pickle/zip errors of every kind
         hint = ('' if trust else ' If it is a trusted checkpoint that stores other Python objects, '
                 'rerun with --trust-checkpoint (full unpickling).')
-        raise CheckpointFormatError(
-            f'{path} is not a loadable torch checkpoint ({type(e).__name__}: '
-            f'{str(e).splitlines()[0] if str(e) else ""}).{hint}') from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ''
+        raise CheckpointFormatError(f'{path} is not a loadable torch checkpoint '
+                                    f'({type(e).__name__}: {first[:300]}).{hint}') from e
     return select_state_dict(ckpt, ema=ema)
 
 
@@ -357,6 +363,22 @@ def convert_key(key: str) -> Optional[Tuple[str, Optional[str]]]:
 
 
 _COMPILED_RULES = [(re.compile(p), t, f) for p, t, f in _RULES]
+# the inverse rules (project key -> authors' key), to name the source of a missing target key
+_INVERSE_RULES = [(re.compile(re.sub(r'\\\{(\w+)\\\}', r'(?P<\1>[^.]+)', re.escape(t))),
+                   re.sub(r'\(\?P<(\w+)>[^)]*\)', r'{\1}', p).replace('\\.', '.'))
+                  for p, t, _ in _RULES]
+
+
+def official_key(project_key: str) -> Optional[str]:
+    """The authors' key that :func:`convert_key` maps to ``project_key`` (``None`` if none)."""
+    for pattern, template in _INVERSE_RULES:
+        m = pattern.fullmatch(project_key)
+        if m:
+            key = template.format(**m.groupdict())
+            hit = convert_key(key)
+            if hit is not None and hit[0] == project_key:
+                return key
+    return None
 
 
 def _transform(key: str, value: torch.Tensor, transform: Optional[str]) -> torch.Tensor:
@@ -439,7 +461,8 @@ def convert_official_state_dict(
         report.mapped.append((key, new_key))
     if check_target:
         target = build_target_shapes(arch)
-        report.missing = [k for k in target if k not in new_sd]
+        report.missing = [k if official_key(k) is None else f'{k} (from {official_key(k)})'
+                          for k in target if k not in new_sd]
         report.unexpected = [k for k in new_sd if k not in target]
         report.shape_mismatch = [
             f'{k}: converted {tuple(new_sd[k].shape)}, model expects {target[k]}'
@@ -468,7 +491,9 @@ def convert_file(src: str, dst: str, ema: bool = False, allow_partial: bool = Fa
         is written then.
     """
     sd, entry = load_official_checkpoint(src, ema=ema, trust=trust)
-    new_sd, report = convert_official_state_dict(sd)
+    with warnings.catch_warnings():  # the RoPE warnings are logged below
+        warnings.simplefilter('ignore')
+        new_sd, report = convert_official_state_dict(sd)
     arch = report.arch
     log(f'source: {src} [{entry}], {len(sd)} tensors')
     log(_describe(arch))
