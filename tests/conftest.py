@@ -6,6 +6,15 @@ import sys
 
 import pytest
 
+# Triton kernels run on CPU tensors through the interpreter; the mode is fixed when
+# triton is first imported, so it is set before anything imports it.
+try:
+    import torch as _torch
+    if not _torch.cuda.is_available():
+        os.environ.setdefault('TRITON_INTERPRET', '1')
+except ImportError:  # pragma: no cover
+    pass
+
 REPO_ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
 sys.path.insert(0, REPO_ROOT)
 

@@ -18,7 +18,9 @@ def build_classifier(cfg):
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
     init_default_scope('mmpretrain')
-    return MODELS.build(cfg.model)
+    model_cfg = cfg.model.copy()
+    model_cfg.setdefault('data_preprocessor', cfg.get('data_preprocessor'))  # as the Runner does
+    return MODELS.build(model_cfg)
 
 
 def test_all_six_archs_have_a_config():

@@ -9,6 +9,7 @@ Examples::
 """
 import argparse
 import json
+import numbers
 import os
 import os.path as osp
 import sys
@@ -79,7 +80,7 @@ def main(argv=None):
     metrics = runner.test()
     if args.out_json is not None and runner.rank == 0:
         with open(args.out_json, 'w') as f:
-            json.dump({k: float(v) if isinstance(v, (int, float)) else str(v)
+            json.dump({k: float(v) if isinstance(v, numbers.Real) else str(v)
                        for k, v in metrics.items()}, f, indent=2)
     return metrics
 

@@ -5,6 +5,8 @@ _base_ = ['./polapp-b0_8xb256_in1k.py']
 
 data_root = 'data/demo_in1k'
 num_classes = 4
+# the classes tools/misc/make_demo_data.py writes (meta/classes.txt)
+classes = ('n00000000_disk', 'n00000001_square', 'n00000002_triangle', 'n00000003_cross')
 
 model = dict(
     backbone=dict(drop_path_rate=0.0),
@@ -38,7 +40,7 @@ train_dataloader = dict(
         data_root=data_root,
         ann_file='meta/train.txt',
         data_prefix='train',
-        classes='meta/classes.txt',
+        classes=classes,
         pipeline=train_pipeline),
 )
 val_dataloader = dict(
@@ -52,7 +54,7 @@ val_dataloader = dict(
         data_root=data_root,
         ann_file='meta/val.txt',
         data_prefix='val',
-        classes='meta/classes.txt',
+        classes=classes,
         pipeline=test_pipeline),
 )
 val_evaluator = dict(type='Accuracy', topk=(1, ))

@@ -30,7 +30,8 @@ def count_complexity(model: nn.Module, inputs: Tuple, show_table: bool = False) 
         dict: ``flops`` (int), ``params`` (int), ``by_operator`` (dict) and,
         if ``show_table``, ``table`` (str, per-module breakdown).
     """
-    from mmengine.analysis import FlopAnalyzer, flop_count_table, parameter_count
+    from mmengine.analysis import FlopAnalyzer, parameter_count
+    from mmengine.analysis.print_helper import complexity_stats_table
     analyzer = FlopAnalyzer(model, inputs)
     analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_flop_handle)
     analyzer.unsupported_ops_warnings(False)
@@ -38,5 +39,5 @@ def count_complexity(model: nn.Module, inputs: Tuple, show_table: bool = False) 
     result = dict(flops=int(analyzer.total()), params=int(parameter_count(model)['']),
                   by_operator=dict(analyzer.by_operator()))
     if show_table:
-        result['table'] = flop_count_table(analyzer, max_depth=3, show_param_shapes=False)
+        result['table'] = complexity_stats_table(analyzer, max_depth=3, show_param_shapes=False)
     return result
