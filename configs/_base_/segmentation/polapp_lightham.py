@@ -1,0 +1,40 @@
+# PolaFormer++ backbone + LightHam decode head (SegNeXt's Hamburger: matrix
+# decomposition by NMF) on the outputs of stages 2-4 (strides 8/16/32),
+# channels 512, MD_R 16, GroupNorm(32). The backbone returns only those three
+# outputs (out_indices 1-3, so every parameter takes part in the loss, as DDP
+# requires); in_index selects all three of them.
+data_preprocessor = dict(
+    type='SegDataPreProcessor',
+    mean=[123.675, 116.28, 103.53],
+    std=[58.395, 57.12, 57.375],
+    bgr_to_rgb=True,
+    pad_val=0,
+    seg_pad_val=255,
+    size=(512, 512),
+    test_cfg=dict(size_divisor=32))
+ham_norm_cfg = dict(type='GN', num_groups=32, requires_grad=True)
+model = dict(
+    type='EncoderDecoder',
+    data_preprocessor=data_preprocessor,
+    pretrained=None,
+    backbone=dict(
+        type='PolaFormerPP',
+        arch='b1',
+        out_indices=(1, 2, 3),
+        attn_types=('linear', 'linear', 'softmax', 'softmax'),
+        frozen_stages=-1,
+        norm_eval=False),
+    decode_head=dict(
+        type='LightHamHead',
+        in_channels=[64, 192, 384],
+        in_index=[0, 1, 2],
+        channels=512,
+        ham_channels=512,
+        dropout_ratio=0.1,
+        num_classes=150,
+        norm_cfg=ham_norm_cfg,
+        align_corners=False,
+        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
+        ham_kwargs=dict(MD_S=1, MD_R=16, train_steps=6, eval_steps=7, inv_t=100, rand_init=True)),
+    train_cfg=dict(),
+    test_cfg=dict(mode='whole'))
