@@ -172,3 +172,17 @@ def test_auto_backend_runs_on_cpu():
     q, k, v, ts, to = _good()
     out = pola_attention(q, k, v, ts, to, backend='auto')
     torch.testing.assert_close(out, pola_attention(q, k, v, ts, to, backend='torch'))
+
+
+@pytest.mark.parametrize('use_rope', [False, True])
+def test_token_chunking_does_not_change_the_result(use_rope):
+    from polaformerpp.ops import pola_attention_torch
+    q, k, v, ts, to = make_inputs(2, 2, 1000, 16, dtype=torch.float64, seed=5, requires_grad=True)
+    rope = pola_rope_tables(25, 40, 16, dtype=torch.float64) if use_rope else None
+    whole = pola_attention_torch(q, k, v, ts, to, rope, chunk_size=4096)
+    chunked = pola_attention_torch(q, k, v, ts, to, rope, chunk_size=96)
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+    grads_whole = torch.autograd.grad(whole.sum(), (q, k, v, ts, to))
+    grads_chunked = torch.autograd.grad(chunked.sum(), (q, k, v, ts, to))
+    for a, b in zip(grads_chunked, grads_whole):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

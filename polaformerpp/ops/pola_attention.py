@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .rope import apply_rope
+
 
 __all__ = ['pola_attention', 'pola_attention_torch', 'pola_feature_maps', 'available_backends']
 
@@ -74,29 +74,87 @@ def pola_feature_maps(q: Tensor, k: Tensor, temp_same: Tensor,
     return phi_s, phi_o, phi_k
 
 
+_TOKEN_CHUNK = 4096  # tokens per step of the torch backend (keeps temporaries cache-sized)
+
+
+def _rotate_pairs(x: Tensor, sin_alt: Tensor, cos: Tensor) -> Tensor:
+    """RoPE with a pre-signed sine: ``x * cos + swap_pairs(x) * sin_alt``.
+
+    ``sin_alt`` holds ``-sin`` on even and ``+sin`` on odd channels, so a pair
+    ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x1 cos + x0 sin)`` (as :func:`polaformerpp.ops.rope.apply_rope`).
+    """
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin_alt)
+
+
+def _block_diagonal(same: Tensor, opp: Tensor) -> Tensor:
+    """``[[same, 0], [0, opp]]`` over the last two dims: ``(..., a, b), (..., a, c) -> (..., 2a, b + c)``."""
+    top = torch.cat([same, same.new_zeros(*same.shape[:-1], opp.shape[-1])], dim=-1)
+    bottom = torch.cat([opp.new_zeros(*opp.shape[:-1], same.shape[-1]), opp], dim=-1)
+    return torch.cat([top, bottom], dim=-2)
+
+
 def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                         rope: Optional[Tuple[Tensor, Tensor]] = None,
-                         eps: float = 1e-6) -> Tensor:
-    """Readable PyTorch implementation (no argument checks; see :func:`pola_attention`)."""
+                         rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
+                         chunk_size: int = _TOKEN_CHUNK) -> Tensor:
+    """PyTorch implementation (no argument checks; see :func:`pola_attention`).
+
+    Two passes over the tokens, ``chunk_size`` at a time, so every temporary
+    is ``O(chunk * d)`` and stays in cache:
+
+    1. keys: ``S = sum_n R(phi_k)_n^T v_n / N`` (``(2d, dv)``, shared by both
+       streams) and ``m = mean_n phi_k`` (``(2d,)``);
+    2. queries: both streams' feature maps side by side, ``phi_q = [phi_s |
+       phi_o]`` (``(n, 4d)``), so one product with ``[[S_same, 0], [0, S_opp]]``
+       (``(4d, dv)``) gives ``[num_same | num_opp]`` and one with
+       ``[[m, 0], [0, m]]`` (``(4d, 2)``) both denominators.
+    """
     out_dtype = q.dtype
     dtype = _compute_dtype(q.dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    phi_s, phi_o, phi_k = pola_feature_maps(q, k, temp_same.to(dtype), temp_opp.to(dtype))
-    num_tokens = k.shape[-2]
-
-    key_mean = phi_k.mean(dim=-2)  # (B, h, 2d)
-    den_same = torch.einsum('bhnc,bhc->bhn', phi_s, key_mean)[..., None] + eps
-    den_opp = torch.einsum('bhnc,bhc->bhn', phi_o, key_mean)[..., None] + eps
-
+    batch, heads, num_tokens, head_dim = q.shape
+    half = v.shape[-1] // 2
+    ts = temp_same.to(dtype)[None, :, None, :]
+    to = temp_opp.to(dtype)[None, :, None, :]
     if rope is not None:
         sin, cos = (t.to(dtype) for t in rope)
-        phi_s, phi_o, phi_k = (apply_rope(x, sin, cos) for x in (phi_s, phi_o, phi_k))
+        sin_alt = sin * torch.tensor([-1.0, 1.0], dtype=dtype, device=sin.device).repeat(sin.shape[-1] // 2)
 
-    state = torch.einsum('bhnc,bhne->bhce', phi_k, v) / num_tokens  # (B, h, 2d, dv)
-    half = v.shape[-1] // 2
-    out_same = torch.einsum('bhnc,bhce->bhne', phi_s, state[..., :half]) / den_same
-    out_opp = torch.einsum('bhnc,bhce->bhne', phi_o, state[..., half:]) / den_opp
-    return torch.cat([out_same, out_opp], dim=-1).to(out_dtype)
+    # pass 1: keys -> state S and mean feature m
+    state, key_sum = 0, 0
+    for start in range(0, num_tokens, chunk_size):
+        stop = min(start + chunk_size, num_tokens)
+        k_chunk = k[..., start:stop, :]
+        phi_k = torch.expm1(torch.cat([F.relu(k_chunk), F.relu(-k_chunk)], dim=-1))  # (B, h, n, 2d)
+        key_sum = key_sum + phi_k.sum(dim=-2)
+        if rope is not None:
+            phi_k = _rotate_pairs(phi_k, sin_alt[start:stop], cos[start:stop])
+        state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
+    state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
+    key_mean = (key_sum / num_tokens)[..., None]  # (B, h, 2d, 1)
+    state_blocks = _block_diagonal(state[..., :half], state[..., half:])  # (B, h, 4d, dv)
+    mean_blocks = _block_diagonal(key_mean, key_mean)  # (B, h, 4d, 2)
+    if rope is not None:
+        sin_alt, cos = torch.cat([sin_alt, sin_alt], dim=-1), torch.cat([cos, cos], dim=-1)
+
+    # pass 2: queries -> both streams at once
+    d = head_dim
+    outs = []
+    for start in range(0, num_tokens, chunk_size):
+        stop = min(start + chunk_size, num_tokens)
+        q_chunk = q[..., start:stop, :]
+        q_pos, q_neg = F.relu(q_chunk), F.relu(-q_chunk)
+        phi_q = torch.expm1(torch.cat([q_pos * ts[..., :d], q_neg * ts[..., d:],  # phi_s
+                                       q_neg * to[..., :d], q_pos * to[..., d:]], dim=-1))  # phi_o
+        den = phi_q @ mean_blocks + eps  # (B, h, n, 2): [same, opp]
+        if rope is not None:
+            phi_q = _rotate_pairs(phi_q, sin_alt[start:stop], cos[start:stop])
+        num = phi_q @ state_blocks  # (B, h, n, dv)
+        den = torch.cat([den[..., :1].expand(*den.shape[:-1], half),
+                         den[..., 1:].expand(*den.shape[:-1], num.shape[-1] - half)], dim=-1)
+        outs.append(num / den)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+    return out.to(out_dtype)
 
 
 def _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend):
