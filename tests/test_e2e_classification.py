@@ -13,9 +13,16 @@ from conftest import free_port, run_tool
 DEMO_CONFIG = 'configs/classification/polapp-b0_1xb32-30e_demo-shapes.py'
 
 
-def data_options(root):
-    return [f'{key}.dataset.data_root={root}'
-            for key in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
+def data_options(root, size=32):
+    """Point the demo config at ``root``; train and test at ``size`` px to keep CPU runs short."""
+    options = []
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        options += [f'{key}.dataset.data_root={root}', f'{key}.num_workers=0']
+    options += [f'train_dataloader.dataset.pipeline.1.scale={size}']
+    for key in ('val_dataloader', 'test_dataloader'):
+        options += [f'{key}.dataset.pipeline.1.scale={size}',
+                    f'{key}.dataset.pipeline.2.crop_size={size}']
+    return options
 
 
 def read_scalars(work_dir):
@@ -29,11 +36,11 @@ def read_scalars(work_dir):
 @pytest.mark.slow
 def test_train_evaluate_and_resume(demo_in1k, tmp_path):
     work_dir = str(tmp_path / 'work')
-    epochs = 12
+    epochs = 8
     run_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--cfg-options',
-              *data_options(demo_in1k), f'train_cfg.max_epochs={epochs}', 'train_cfg.val_interval=6',
+              *data_options(demo_in1k), f'train_cfg.max_epochs={epochs}', 'train_cfg.val_interval=4',
               f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs - 2}',
-              'default_hooks.checkpoint.interval=6', 'default_hooks.checkpoint.max_keep_ckpts=2'])
+              'default_hooks.checkpoint.interval=4', 'default_hooks.checkpoint.max_keep_ckpts=2'])
     records = [r for r in read_scalars(work_dir) if 'loss' in r]
     first = sum(r['loss'] for r in records[:3]) / 3
     last = sum(r['loss'] for r in records[-3:]) / 3
@@ -64,8 +71,7 @@ def test_dist_train_two_cpu_processes(demo_in1k, tmp_path):
     work_dir = str(tmp_path / 'dist')
     proc = run_tool(['tools/dist_train.sh', DEMO_CONFIG, '2', '--work-dir', work_dir,
                      '--cfg-options', *data_options(demo_in1k), 'train_cfg.max_epochs=1',
-                     'train_cfg.val_interval=1', 'train_dataloader.batch_size=8',
-                     'train_dataloader.num_workers=0', 'val_dataloader.num_workers=0',
+                     'train_cfg.val_interval=1', 'train_dataloader.batch_size=16',
                      'default_hooks.checkpoint.interval=1'],
                     env=dict(PORT=str(free_port()), OMP_NUM_THREADS='1'))
     log = proc.stdout + proc.stderr
