@@ -81,17 +81,11 @@ def _rotate_pairs(x: Tensor, sin_alt: Tensor, cos: Tensor) -> Tensor:
     """RoPE with a pre-signed sine: ``x * cos + swap_pairs(x) * sin_alt``.
 
     ``sin_alt`` holds ``-sin`` on even and ``+sin`` on odd channels, so a pair
-    ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x1 cos + x0 sin)`` (as :func:`polaformerpp.ops.rope.apply_rope`).
+    ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x1 cos + x0 sin)``, as in
+    :func:`polaformerpp.ops.rope.apply_rope`.
     """
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
     return torch.addcmul(x * cos, swapped, sin_alt)
-
-
-def _block_diagonal(same: Tensor, opp: Tensor) -> Tensor:
-    """``[[same, 0], [0, opp]]`` over the last two dims: ``(..., a, b), (..., a, c) -> (..., 2a, b + c)``."""
-    top = torch.cat([same, same.new_zeros(*same.shape[:-1], opp.shape[-1])], dim=-1)
-    bottom = torch.cat([opp.new_zeros(*opp.shape[:-1], same.shape[-1]), opp], dim=-1)
-    return torch.cat([top, bottom], dim=-2)
 
 
 def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
@@ -104,15 +98,15 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
 
     1. keys: ``S = sum_n R(phi_k)_n^T v_n / N`` (``(2d, dv)``, shared by both
        streams) and ``m = mean_n phi_k`` (``(2d,)``);
-    2. queries: both streams' feature maps side by side, ``phi_q = [phi_s |
-       phi_o]`` (``(n, 4d)``), so one product with ``[[S_same, 0], [0, S_opp]]``
-       (``(4d, dv)``) gives ``[num_same | num_opp]`` and one with
-       ``[[m, 0], [0, m]]`` (``(4d, 2)``) both denominators.
+    2. queries: both streams' feature maps built side by side, ``phi_q =
+       [phi_s | phi_o]`` (``(n, 4d)``, one ``expm1`` and one rotation for
+       both); each stream then reads its half: ``num = R(phi) S_stream``,
+       ``den = phi . m``.
     """
     out_dtype = q.dtype
     dtype = _compute_dtype(q.dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    batch, heads, num_tokens, head_dim = q.shape
+    num_tokens, head_dim = q.shape[-2:]
     half = v.shape[-1] // 2
     ts = temp_same.to(dtype)[None, :, None, :]
     to = temp_opp.to(dtype)[None, :, None, :]
@@ -132,13 +126,13 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
         state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
     key_mean = (key_sum / num_tokens)[..., None]  # (B, h, 2d, 1)
-    state_blocks = _block_diagonal(state[..., :half], state[..., half:])  # (B, h, 4d, dv)
-    mean_blocks = _block_diagonal(key_mean, key_mean)  # (B, h, 4d, 2)
+    state_same, state_opp = state[..., :half], state[..., half:]
     if rope is not None:
         sin_alt, cos = torch.cat([sin_alt, sin_alt], dim=-1), torch.cat([cos, cos], dim=-1)
 
     # pass 2: queries -> both streams at once
     d = head_dim
+    two_d = 2 * head_dim
     outs = []
     for start in range(0, num_tokens, chunk_size):
         stop = min(start + chunk_size, num_tokens)
@@ -146,13 +140,13 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
         q_pos, q_neg = F.relu(q_chunk), F.relu(-q_chunk)
         phi_q = torch.expm1(torch.cat([q_pos * ts[..., :d], q_neg * ts[..., d:],  # phi_s
                                        q_neg * to[..., :d], q_pos * to[..., d:]], dim=-1))  # phi_o
-        den = phi_q @ mean_blocks + eps  # (B, h, n, 2): [same, opp]
+        den_same = phi_q[..., :two_d] @ key_mean + eps  # (B, h, n, 1)
+        den_opp = phi_q[..., two_d:] @ key_mean + eps
         if rope is not None:
             phi_q = _rotate_pairs(phi_q, sin_alt[start:stop], cos[start:stop])
-        num = phi_q @ state_blocks  # (B, h, n, dv)
-        den = torch.cat([den[..., :1].expand(*den.shape[:-1], half),
-                         den[..., 1:].expand(*den.shape[:-1], num.shape[-1] - half)], dim=-1)
-        outs.append(num / den)
+        out_same = phi_q[..., :two_d] @ state_same / den_same  # (B, h, n, dv/2)
+        out_opp = phi_q[..., two_d:] @ state_opp / den_opp
+        outs.append(torch.cat([out_same, out_opp], dim=-1))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
     return out.to(out_dtype)
 

@@ -21,6 +21,7 @@ sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 from polaformerpp.analysis import count_complexity  # noqa: E402
 
 DEFAULT_SHAPES = dict(mmpretrain=(224, 224), mmdet=(800, 1280), mmseg=(512, 2048))
+SR_DEFAULT_SHAPE = (180, 320)  # LR input of a 1280x720 output at x4
 
 
 def parse_args(argv=None):
@@ -28,7 +29,8 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file path')
     parser.add_argument('--shape', type=int, nargs='+', default=None,
                         help='input H W (or one size for a square); default per task '
-                        '(224 classification, 800x1280 detection, 512x2048 segmentation)')
+                        '(224 classification, 800x1280 detection, 512x2048 segmentation, '
+                        '180x320 LR input for super-resolution; DiT: its latent size, --shape ignored)')
     parser.add_argument('--table', action='store_true', help='print the per-module table')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
     return parser.parse_args(argv)
@@ -48,18 +50,36 @@ def _data_samples(scope: str, shape):
     return None
 
 
+def _dit_flops(cfg, show_table):
+    """One forward of the DiT noise predictor on a latent of its configured size (VAE not counted)."""
+    from mmengine.registry import MODELS
+    dit = MODELS.build(cfg.model.dit).eval()
+    x = torch.randn(1, dit.in_channels, *dit.input_size)
+    t, y = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    with torch.no_grad():
+        result = count_complexity(dit, (x, t, y), show_table=show_table)
+    result['params'] = sum(p.numel() for p in dit.parameters())
+    result['shape'] = tuple(dit.input_size)
+    result['in_channels'] = dit.in_channels
+    return result
+
+
 def get_flops(config, shape=None, cfg_options=None, show_table=False):
     """Returns ``dict(flops, params, shape, by_operator[, table])`` for the config's model."""
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     scope = cfg.get('default_scope', 'mmpretrain')
-    init_default_scope(scope)
+    if scope is not None:  # pure-mmengine configs (super-resolution, generation) may have none
+        init_default_scope(scope)
     if 'custom_imports' in cfg:
         from mmengine.utils import import_modules_from_strings
         import_modules_from_strings(**cfg.custom_imports)
+    if 'dit' in cfg.model:  # latent diffusion: one step of the noise predictor
+        return _dit_flops(cfg, show_table)
     if shape is None:
-        shape = DEFAULT_SHAPES.get(scope, (224, 224))
+        is_sr = 'upscale' in cfg.model.get('network', {})
+        shape = SR_DEFAULT_SHAPE if is_sr else DEFAULT_SHAPES.get(scope, (224, 224))
     elif len(shape) == 1:
         shape = (shape[0], shape[0])
     elif len(shape) != 2:
@@ -95,7 +115,7 @@ def main(argv=None):
     if args.table:
         print(result['table'])
     split = '=' * 40
-    print(f"{split}\nInput shape: (3, {result['shape'][0]}, {result['shape'][1]})\n"
+    print(f"{split}\nInput shape: ({result.get('in_channels', 3)}, {result['shape'][0]}, {result['shape'][1]})\n"
           f"Flops: {result['flops'] / 1e9:.3f}G\nParams: {result['params'] / 1e6:.3f}M "
           f"({result['params']:,})\n{split}")
 
