@@ -1,0 +1,294 @@
+"""Attention statistics (entropy on constructed q, k with known answers) and the analysis /
+model-zoo tools end to end on a small classifier checkpoint made here."""
+import json
+import math
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO_ROOT, load_tool, run_tool
+
+from polaformerpp.analysis import (AttentionCapture, AttentionRecorder, attention_entropy,
+                                   capture_entropy, load_model, pola_attention_weights,
+                                   polarity_mixing, temperature_pairs)
+from polaformerpp.models.layers import PolaLinearAttention
+from polaformerpp.ops import pola_attention_torch, pola_rope_tables
+
+DEMO_CONFIG = osp.join(REPO_ROOT, 'configs', 'classification', 'polapp-b0_1xb32-30e_demo-shapes.py')
+TINY_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4],
+                 cls_proj_channels=64)
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def entropy_of(probs):
+    return -sum(p * math.log(p) for p in probs if p > 0)
+
+
+# --------------------------------------------------------------------------- entropy, known answers
+def one_dominant_key(query_sign=1.0):
+    """4 identical queries ``(+-1, 0)``; keys ``(3, 0)`` (dominant) and three ``(1, 0)``; temperatures 0.5."""
+    q = torch.tensor([query_sign, 0.0], dtype=torch.float64).expand(1, 1, 4, 2).clone()
+    k = torch.tensor([[3.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)[None, None]
+    temps = torch.full((1, 4), 0.5, dtype=torch.float64)
+    return AttentionCapture(name='toy.attn', q=q, k=k, grid=(2, 2), temp_same=temps, temp_opp=temps.clone(),
+                            use_rope=False)
+
+
+def test_entropies_equal_hand_computed_values():
+    stats = capture_entropy(one_dominant_key(), max_queries=None)
+    e = math.e
+    # PolaFormer++, same stream: phi_s(q) = (e^0.5 - 1, 0 | 0, 0), phi_k = (e^k+ - 1, 0 | 0, 0)
+    # -> weights proportional to e^3 - 1 and three times e - 1
+    dominant = (e**3 - 1) / (e**3 - 1 + 3 * (e - 1))
+    pola = entropy_of([dominant] + [(1 - dominant) / 3] * 3)
+    relu = entropy_of([3 / 6, 1 / 6, 1 / 6, 1 / 6])  # relu(q).relu(k) = 3, 1, 1, 1
+    elu = entropy_of([9 / 24, 5 / 24, 5 / 24, 5 / 24])  # (2, 1).(4, 1) = 9, (2, 1).(2, 1) = 5
+    s = math.exp(3 / math.sqrt(2)) + 3 * math.exp(1 / math.sqrt(2))
+    softmax = entropy_of([math.exp(3 / math.sqrt(2)) / s] + [math.exp(1 / math.sqrt(2)) / s] * 3)
+    assert relu == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(6))  # by hand
+    for method, expected in (('pola-same', pola), ('relu', relu), ('elu+1', elu), ('softmax', softmax)):
+        assert stats[method]['entropy'].item() == pytest.approx(expected, abs=1e-9), method
+        assert stats[method]['normalized'].item() == pytest.approx(expected / math.log(4), abs=1e-9)
+        assert stats[method]['negative_mass'].item() == 0.0
+        assert stats[method]['zero_rows'].item() == 0
+    # the channel-wise spiky feature map concentrates on the dominant key more than ReLU does
+    assert dominant > 0.78 and pola < relu - 0.4
+    assert pola < elu and pola < softmax
+    # a positive query and positive keys share no opposite-signed pair: no opposite-stream weight
+    assert math.isnan(stats['pola-opp']['entropy'].item())
+    assert stats['pola-opp']['zero_rows'].item() == 4
+
+
+def test_opposite_stream_of_a_negative_query():
+    stats = capture_entropy(one_dominant_key(query_sign=-1.0), max_queries=None)
+    e = math.e
+    dominant = (e**3 - 1) / (e**3 - 1 + 3 * (e - 1))
+    # phi_o(q) = (e^0.5 - 1, 0 | 0, 0): q- meets k+, the same weights as the same stream above
+    assert stats['pola-opp']['entropy'].item() == pytest.approx(
+        entropy_of([dominant] + [(1 - dominant) / 3] * 3), abs=1e-9)
+    assert stats['pola-same']['zero_rows'].item() == 4
+    assert stats['relu']['zero_rows'].item() == 4  # relu(q) = 0: ReLU attention has no weights at all
+
+
+def test_signed_weights_enter_by_magnitude():
+    weights = torch.tensor([[2.0, -1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    entropy, negative = attention_entropy(weights)
+    assert entropy[0].item() == pytest.approx(1.5 * math.log(2))  # p = (1/2, 1/4, 1/4)
+    assert negative[0].item() == pytest.approx(0.25)
+    assert math.isnan(entropy[1].item()) and math.isnan(negative[1].item())
+    assert entropy[2].item() == pytest.approx(math.log(2)) and negative[2].item() == 0.0
+
+
+@pytest.mark.parametrize('with_rope', [False, True])
+def test_effective_weights_reproduce_the_op(with_rope):
+    torch.manual_seed(0)
+    B, h, H, W, d = 2, 2, 3, 4, 8
+    q, k, v = torch.randn(3, B, h, H * W, d, dtype=torch.float64).unbind(0)
+    ts, to = torch.rand(2, h, 2 * d, dtype=torch.float64).unbind(0)
+    rope = pola_rope_tables(H, W, d, dtype=torch.float64) if with_rope else None
+    out = pola_attention_torch(q, k, v, ts, to, rope)
+    index = torch.tensor([0, 5, 11])
+    w_same, w_opp = pola_attention_weights(q, k, ts, to, rope, query_index=index)
+    assert w_same.shape == (B, h, 3, H * W)
+    torch.testing.assert_close(w_same @ v[..., :d // 2], out[..., index, :d // 2])
+    torch.testing.assert_close(w_opp @ v[..., d // 2:], out[..., index, d // 2:])
+    assert (w_same.min() < 0) == with_rope  # only the rotation makes weights negative
+    _, negative = attention_entropy(w_same)
+    assert (negative.max() > 0) == with_rope
+
+
+def test_recorder_captures_each_linear_attention():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(PolaLinearAttention(16, 2), PolaLinearAttention(16, 4, use_rope=False))
+    x = torch.randn(2, 3, 5, 16)
+    with AttentionRecorder(model) as recorder:
+        model(x)
+    assert [c.name for c in recorder.captures] == ['0', '1']
+    first = recorder.captures[0]
+    q, k, _, _, _ = model[0]._split(x)
+    torch.testing.assert_close(first.q, q.detach())
+    torch.testing.assert_close(first.k, k.detach())
+    assert first.grid == (3, 5) and first.use_rope and not recorder.captures[1].use_rope
+    model(x)  # hooks are removed on exit
+    assert len(recorder.captures) == 2
+    stats = capture_entropy(first, max_queries=6)
+    assert all(stats[m]['entropy'].shape == (2, ) for m in stats)
+    assert (stats['softmax']['entropy'] <= math.log(15) + 1e-9).all()
+
+
+def test_temperature_pairs_and_polarity_streams():
+    module = PolaLinearAttention(8, 2)  # head dim 4
+    with torch.no_grad():
+        module.temp_same.copy_(torch.arange(16.0).view(2, 8))
+        module.temp_opp.copy_(-torch.arange(16.0).view(2, 8))
+    pairs = temperature_pairs(module)
+    x, y = pairs['q+: same vs opp']
+    # q+ of channel c: same stream s1[:, c], opposite stream s2[:, d + c]
+    torch.testing.assert_close(x, torch.tensor([0., 1, 2, 3, 8, 9, 10, 11]).sigmoid())
+    torch.testing.assert_close(y, (-torch.tensor([4., 5, 6, 7, 12, 13, 14, 15])).sigmoid())
+    result = polarity_mixing(module)
+    assert result['stream'].tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert result['coords'].shape == (8, 2)
+    assert 0 < result['explained'].sum() <= 1 + 1e-6
+
+
+# --------------------------------------------------------------------------- tools end to end
+@pytest.fixture(scope='module')
+def tiny_classifier(tmp_path_factory):
+    """A tiny PolaFormer++ classifier config (demo set classes, 32 px) and a checkpoint trained
+    for a few steps on random images, in mmengine's checkpoint format."""
+    root = tmp_path_factory.mktemp('tiny_cls')
+    config = root / 'polapp-tiny_demo.py'
+    config.write_text(
+        f"_base_ = [{DEMO_CONFIG!r}]\n"
+        f"model = dict(backbone=dict(arch=dict(_delete_=True, **{TINY_ARCH!r})),\n"
+        f"             head=dict(in_channels={TINY_ARCH['cls_proj_channels']}))\n")
+    model = load_model(str(config))
+    model.train()
+    from mmpretrain.structures import DataSample
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    for step in range(3):
+        images = [torch.randint(0, 256, (3, 32, 32), generator=generator, dtype=torch.uint8)
+                  for _ in range(8)]
+        data = model.data_preprocessor(
+            dict(inputs=images, data_samples=[DataSample().set_gt_label(i % 4) for i in range(8)]), True)
+        loss = sum(model(data['inputs'], data['data_samples'], mode='loss').values())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    checkpoint = root / 'tiny.pth'
+    torch.save({'state_dict': model.state_dict(), 'meta': {'steps': 3}}, checkpoint)
+    return str(config), str(checkpoint)
+
+
+@pytest.fixture(scope='module')
+def shape_image(tmp_path_factory):
+    draw_sample = load_tool('tools/misc/make_demo_data.py').draw_sample
+    path = tmp_path_factory.mktemp('img') / 'disk.png'
+    draw_sample(0, 64, np.random.default_rng(0)).save(path)
+    return str(path)
+
+
+def assert_png(path):
+    assert osp.isfile(path), path
+    with open(path, 'rb') as f:
+        assert f.read(8) == PNG_MAGIC
+
+
+def test_attention_entropy_tool(tiny_classifier, tmp_path, capsys):
+    config, checkpoint = tiny_classifier
+    tool = load_tool('tools/analysis_tools/attention_entropy.py')
+    rows = tool.main([config, checkpoint, '--shape', '32', '--num-random', '2', '--out-dir', str(tmp_path)])
+    out = capsys.readouterr().out
+    assert 'stages.0.blocks.0' in out and 'stages.1.blocks.0' in out and 'pola-same' in out
+    # stage 1: 1 head on 8x8 tokens, stage 2: 2 heads on 4x4
+    assert [(r['layer'], r['head'], r['tokens']) for r in rows] == [
+        ('backbone.stages.0.blocks.0.attn', 0, 64), ('backbone.stages.1.blocks.0.attn', 0, 16),
+        ('backbone.stages.1.blocks.0.attn', 1, 16)]
+    for row in rows:
+        for method in ('softmax', 'elu+1', 'pola-same'):
+            assert 0 < row[method] <= math.log(row['tokens']) + 1e-6
+        assert 0 <= row['pola-same/neg'] < 0.5  # RoPE makes part of the weights negative
+    assert_png(tmp_path / 'attention_entropy.png')
+    with open(tmp_path / 'attention_entropy.json') as f:
+        assert len(json.load(f)['rows']) == 3
+
+
+def test_vis_temperatures_tool(tiny_classifier, tmp_path, capsys):
+    config, checkpoint = tiny_classifier
+    summary = load_tool('tools/analysis_tools/vis_temperatures.py').main(
+        [config, checkpoint, '--out-dir', str(tmp_path)])
+    assert sorted(summary) == ['backbone.stages.0.blocks.0.attn', 'backbone.stages.1.blocks.0.attn']
+    first = summary['backbone.stages.0.blocks.0.attn']['q+: same vs opp']
+    assert first['mean_abs_gap'] > 0  # training moved the temperatures off their 0.5 start
+    assert 'mean|x-y|' in capsys.readouterr().out
+    assert_png(tmp_path / 'temperatures.png')
+
+
+def test_vis_polarity_mixing_tool(tiny_classifier, tmp_path, capsys):
+    config, checkpoint = tiny_classifier
+    summary = load_tool('tools/analysis_tools/vis_polarity_mixing.py').main(
+        [config, checkpoint, '--out-dir', str(tmp_path)])
+    layer = summary['backbone.stages.1.blocks.0.attn']
+    assert len(layer['coords']) == 32 and layer['stream'].count(1) == 16
+    assert 'separation' in capsys.readouterr().out
+    assert_png(tmp_path / 'polarity_mixing.png')
+
+
+def test_vis_attention_maps_tool(tiny_classifier, shape_image, tmp_path):
+    config, checkpoint = tiny_classifier
+    png = load_tool('tools/analysis_tools/vis_attention_maps.py').main(
+        [config, checkpoint, '--img', shape_image, '--shape', '64', '--query', '20', '40',
+         '--out-dir', str(tmp_path)])
+    assert_png(png)
+    with pytest.raises(ValueError, match='not a linear attention layer'):
+        load_tool('tools/analysis_tools/vis_attention_maps.py').main(
+            [config, checkpoint, '--shape', '32', '--layers', 'stages.3.blocks.0',
+             '--out-dir', str(tmp_path)])
+
+
+def test_benchmark_tool(tiny_classifier, tmp_path, capsys):
+    config, checkpoint = tiny_classifier
+    out_json = str(tmp_path / 'bench.json')
+    result = load_tool('tools/analysis_tools/benchmark.py').main(
+        [config, '--checkpoint', checkpoint, '--shape', '32', '--batch-size', '2', '--device', 'cpu',
+         '--warmup', '1', '--repeat', '2', '--out-json', out_json])
+    assert result['images_per_s'] > 0 and result['repeat'] == 2 and result['min_s'] <= result['median_s']
+    assert 'images/s' in capsys.readouterr().out
+    with open(out_json) as f:
+        assert json.load(f)['batch_size'] == 2
+
+
+# --------------------------------------------------------------------------- model zoo
+def test_model_index_lists_every_task_and_dry_run(capsys, tmp_path):
+    tool = load_tool('tools/model_zoo/check_results.py')
+    models = tool.load_metafile_models(osp.join(REPO_ROOT, 'model-index.yml'))
+    folders = {m['_metafile'].split('/')[1] for m in models}
+    assert folders == {'classification', 'detection', 'segmentation', 'super_resolution', 'generation'}
+    for model in models:
+        assert osp.isfile(osp.join(REPO_ROOT, model['Config'])), model['Config']
+    rows = tool.main(['--dry-run', '--models', 'polapp-b*_in1k', '--checkpoint-dir', str(tmp_path)])
+    assert [r['published'] for r in rows] == [76.9, 79.1, 82.8, 84.3, 85.4, 85.6]
+    assert all(r['status'] == 'no checkpoint' for r in rows)
+    assert '| polapp-b0_8xb256_in1k' in capsys.readouterr().out
+
+
+def test_measured_metric_names():
+    measured_value = load_tool('tools/model_zoo/check_results.py').measured_value
+    metrics = {'accuracy/top1': 76.5, 'coco/bbox_mAP': 0.471, 'Set5/PSNR': 32.5, 'PSNR': 30.0,
+               'gen/FID': 9.5}
+    assert measured_value(metrics, 'Top 1 Accuracy') == ('accuracy/top1', 76.5)
+    assert measured_value(metrics, 'box AP')[1] == pytest.approx(47.1)
+    assert measured_value(metrics, 'PSNR', 'Set5', single_dataset=False) == ('Set5/PSNR', 32.5)
+    assert measured_value(metrics, 'PSNR', 'Set14', single_dataset=False) is None
+    assert measured_value(metrics, 'FID') == ('gen/FID', 9.5)
+    assert measured_value(metrics, 'mask AP') is None
+
+
+@pytest.mark.slow
+def test_check_results_reproduces_a_table(tiny_classifier, demo_in1k, tmp_path, capsys):
+    config, checkpoint = tiny_classifier
+    cfg_options = []
+    for key in ('val_dataloader', 'test_dataloader'):
+        cfg_options += [f'{key}.dataset.data_root={demo_in1k}', f'{key}.num_workers=0',
+                        f'{key}.dataset.pipeline.1.scale=32', f'{key}.dataset.pipeline.2.crop_size=32']
+    run_list = tmp_path / 'runs.yml'
+    run_list.write_text(json.dumps([dict(
+        name='polapp-tiny_demo', config=config, checkpoint=checkpoint, cfg_options=cfg_options,
+        results=[dict(Dataset='demo shapes', Metrics={'Top 1 Accuracy': 25.0})])]))
+    out_md = str(tmp_path / 'table.md')
+    proc = run_tool(['tools/model_zoo/check_results.py', '--list', str(run_list), '--work-dir',
+                     str(tmp_path / 'zoo'), '--out', out_md], timeout=600)
+    table = proc.stdout
+    assert '| model' in table and 'polapp-tiny_demo' in table, table
+    row = next(line for line in table.splitlines() if 'polapp-tiny_demo' in line)
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    published, measured, diff, status = float(cells[3]), float(cells[4]), float(cells[5]), cells[6]
+    assert status == 'ok' and published == 25.0 and 0 <= measured <= 100
+    assert diff == pytest.approx(measured - published, abs=0.01)
+    with open(osp.join(tmp_path, 'zoo', 'polapp-tiny_demo', 'metrics.json')) as f:
+        assert json.load(f)['accuracy/top1'] == pytest.approx(measured, abs=0.01)
+    assert osp.isfile(out_md)
