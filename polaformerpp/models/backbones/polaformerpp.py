@@ -56,10 +56,12 @@ class PolaFormerStage(nn.Module):
 
 
 class ChannelLayerNorm(nn.LayerNorm):
-    """LayerNorm over the channels of ``(B, C, H, W)``."""
+    """LayerNorm over the channels of ``(B, C, H, W)``; returns a contiguous NCHW tensor."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        # a channels-last result would propagate through necks and break ops that read
+        # NCHW memory directly (mmcv's RoIAlign then pools the wrong values)
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous()
 
 
 @MODELS.register_module()
