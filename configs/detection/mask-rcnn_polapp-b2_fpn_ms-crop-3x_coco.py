@@ -1,0 +1,46 @@
+# Mask R-CNN + FPN, PolaFormer++-b2 backbone, COCO 2017, 3x schedule (36 epochs,
+# lr steps at 27/33) with multi-scale training: short side 480-800 (long side
+# <= 1333), or the DETR-style branch (resize to 400-600, random crop 384-600,
+# resize to 480-800); 2 images/GPU x 8 GPUs (16 per iteration), AdamW lr 1e-4,
+# weight decay 0.05, mixed precision.
+#   bash tools/dist_train.sh configs/detection/mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py 8
+_base_ = [
+    '../_base_/detection/mask-rcnn_polapp_fpn.py',
+    '../_base_/detection/coco_instance.py',
+    '../_base_/detection/schedule_adamw_3x.py',
+    '../_base_/detection/default_runtime.py',
+]
+
+# ImageNet-1K classifier (tools/train.py work dir or tools/model_converters/polapp_official2mm.py);
+# the backbone is stored under 'backbone.'. Override with
+# --cfg-options model.backbone.init_cfg.checkpoint=PATH
+pretrained = 'checkpoints/polapp-b2_in1k.pth'
+
+model = dict(
+    backbone=dict(
+        arch='b2',
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
+    neck=dict(in_channels=[64, 128, 256, 512]))
+
+# (width, height) scales: keep_ratio resizes the short side to the smaller
+# value unless the long side would exceed 1333
+multi_scales = [(1333, s) for s in range(480, 801, 32)]
+train_pipeline = [
+    dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(
+        type='RandomChoice',
+        transforms=[
+            [dict(type='RandomChoiceResize', scales=multi_scales, keep_ratio=True)],
+            [
+                dict(type='RandomChoiceResize', scales=[(1333, 400), (1333, 500), (1333, 600)],
+                     keep_ratio=True),
+                dict(type='RandomCrop', crop_type='absolute_range', crop_size=(384, 600),
+                     allow_negative_crop=True),
+                dict(type='RandomChoiceResize', scales=multi_scales, keep_ratio=True),
+            ],
+        ]),
+    dict(type='PackDetInputs'),
+]
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
