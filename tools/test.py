@@ -33,6 +33,7 @@ def parse_args(argv=None):
     parser.add_argument('--work-dir', help='directory for the evaluation logs')
     parser.add_argument('--out', help='dump raw predictions to this pickle file')
     parser.add_argument('--out-json', help='write the final metrics to this JSON file')
+    parser.add_argument('--save-dir', help='super-resolution: write the SR outputs as PNG here')
     parser.add_argument('--tta', action='store_true',
                         help="test-time augmentation from the config's tta_model and tta_pipeline")
     parser.add_argument(
@@ -57,6 +58,10 @@ def merge_args(cfg, args):
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint
+    if args.save_dir is not None:
+        if 'save_sr' not in cfg.get('default_hooks', {}):
+            raise ValueError('--save-dir needs default_hooks.save_sr (SaveSRImagesHook) in the config')
+        cfg.default_hooks.save_sr.save_dir = args.save_dir
     if args.tta:
         if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
             raise ValueError('--tta needs tta_model and tta_pipeline in the config')
