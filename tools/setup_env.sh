@@ -10,13 +10,13 @@
 # Environment variables:
 #   POLAPP_VENV         where the environment lives      (default: <repo>/.venv)
 #   POLAPP_WHEEL_CACHE  where the built mmcv wheel lives (default: ~/.cache/polaformerpp/wheels)
-#   PYTHON              interpreter used to create the venv (default: python3)
+#   POLAPP_BASE_PYTHON  interpreter used to create the venv (default: python3)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${POLAPP_VENV:-$ROOT/.venv}
 CACHE=${POLAPP_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polaformerpp/wheels}
-PYTHON=${PYTHON:-python3}
+BASE_PYTHON=${POLAPP_BASE_PYTHON:-python3}
 MMCV_VERSION=2.1.0
 
 stamp_of() {
@@ -31,7 +31,7 @@ log() { echo "[setup_env] $*" >&2; }
 
 if [[ ! -x $VENV/bin/python ]]; then
     log "creating virtual environment in $VENV"
-    "$PYTHON" -m venv "$VENV"
+    "$BASE_PYTHON" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
