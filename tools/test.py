@@ -23,7 +23,7 @@ from mmengine.runner import Runner
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..')))
 
 from polaformerpp.utils import (adapt_cfg_to_device, allow_trusted_checkpoint_loading,  # noqa: E402
-                                init_distributed_if_cpu)
+                                init_distributed_if_cpu, shutdown_distributed)
 
 
 def parse_args(argv=None):
@@ -87,6 +87,7 @@ def main(argv=None):
         with open(args.out_json, 'w') as f:
             json.dump({k: float(v) if isinstance(v, numbers.Real) else str(v)
                        for k, v in metrics.items()}, f, indent=2)
+    shutdown_distributed()
     return metrics
 
 

@@ -21,7 +21,7 @@ from mmengine.runner import Runner
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..')))
 
 from polaformerpp.utils import (adapt_cfg_to_device, allow_trusted_checkpoint_loading,  # noqa: E402
-                                init_distributed_if_cpu)
+                                init_distributed_if_cpu, shutdown_distributed)
 
 
 def parse_args(argv=None):
@@ -89,6 +89,7 @@ def main(argv=None):
     init_distributed_if_cpu(args.launcher)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
     runner.train()
+    shutdown_distributed()
 
 
 if __name__ == '__main__':

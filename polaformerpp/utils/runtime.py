@@ -17,7 +17,10 @@ import torch
 import torch.distributed as dist
 from mmengine.logging import print_log
 
-__all__ = ['allow_trusted_checkpoint_loading', 'adapt_cfg_to_device', 'init_distributed_if_cpu']
+__all__ = [
+    'allow_trusted_checkpoint_loading', 'adapt_cfg_to_device', 'init_distributed_if_cpu',
+    'shutdown_distributed'
+]
 
 
 def allow_trusted_checkpoint_loading() -> None:
@@ -79,3 +82,14 @@ def init_distributed_if_cpu(launcher: str) -> None:
                          f"is supported, got {launcher!r}")
     dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
                             world_size=int(os.environ['WORLD_SIZE']))
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group at the end of a run.
+
+    Left to interpreter exit, the gloo group's threads can abort the process
+    ("terminate called without an active exception") after a successful run.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
