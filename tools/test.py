@@ -23,7 +23,7 @@ from mmengine.runner import Runner
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..')))
 
 from polaformerpp.utils import (adapt_cfg_to_device, allow_trusted_checkpoint_loading,  # noqa: E402
-                                init_distributed_if_cpu, shutdown_distributed)
+                                apply_common_args, init_distributed_if_cpu, shutdown_distributed)
 
 
 def parse_args(argv=None):
@@ -48,13 +48,7 @@ def parse_args(argv=None):
 
 
 def merge_args(cfg, args):
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    apply_common_args(cfg, args)
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint

@@ -12,20 +12,35 @@ GPU, without touching installed packages:
 """
 import copy
 import os
+import os.path as osp
 
 import torch
 import torch.distributed as dist
 from mmengine.logging import print_log
 
 __all__ = [
-    'allow_trusted_checkpoint_loading', 'adapt_cfg_to_device', 'init_distributed_if_cpu',
-    'shutdown_distributed'
+    'allow_trusted_checkpoint_loading', 'apply_common_args', 'adapt_cfg_to_device',
+    'init_distributed_if_cpu', 'shutdown_distributed'
 ]
 
 
 def allow_trusted_checkpoint_loading() -> None:
     """Let ``torch.load`` unpickle Runner checkpoints (trusted, user-named files)."""
     os.environ.setdefault('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+
+
+def apply_common_args(cfg, args) -> None:
+    """What tools/train.py and tools/test.py share: launcher, ``--cfg-options``, work dir.
+
+    The work dir is ``--work-dir``, else the config's, else ``./work_dirs/<config name>``.
+    """
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
 
 
 def _replace_sync_bn(node):
