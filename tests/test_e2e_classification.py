@@ -79,3 +79,12 @@ def test_dist_train_two_cpu_processes(demo_in1k, tmp_path):
     assert osp.isfile(osp.join(work_dir, 'epoch_1.pth'))
     records = read_scalars(work_dir)
     assert any('accuracy/top1' in r for r in records)
+
+    metrics_file = str(tmp_path / 'dist_metrics.json')
+    proc = run_tool(['tools/dist_test.sh', DEMO_CONFIG, osp.join(work_dir, 'epoch_1.pth'), '2',
+                     '--work-dir', str(tmp_path / 'dist_test'), '--out-json', metrics_file,
+                     '--cfg-options', *data_options(demo_in1k)],
+                    env=dict(PORT=str(free_port()), OMP_NUM_THREADS='1'))
+    assert 'GPU number: 2' in proc.stdout + proc.stderr
+    with open(metrics_file) as f:
+        assert 0.0 <= json.load(f)['accuracy/top1'] <= 100.0
