@@ -6,6 +6,29 @@ from setuptools import find_packages, setup
 HERE = osp.dirname(osp.abspath(__file__))
 
 
+def cpu_extensions():
+    """The fused CPU feature-map kernels (``polaformerpp.ops._pola_features_cpu``).
+
+    Optional: without a C++ compiler the package installs and the attention
+    falls back to its eager torch implementation.
+    """
+    try:
+        import torch
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        return [], {}
+    version = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2])
+    std = '-std=c++20' if version >= (2, 14) else '-std=c++17'  # torch 2.14 headers need C++20
+    ext = CppExtension(
+        'polaformerpp.ops._pola_features_cpu',
+        ['polaformerpp/ops/csrc/pola_features_cpu.cpp'],
+        # no -ffast-math: only the two flags that let the loops' selects vectorise
+        extra_compile_args=['-O3', '-fno-trapping-math', '-fno-math-errno', '-fopenmp', std],
+        extra_link_args=['-fopenmp'],
+        optional=True)
+    return [ext], {'build_ext': BuildExtension}
+
+
 def read_version():
     with open(osp.join(HERE, 'polaformerpp', 'version.py')) as f:
         return re.search(r"__version__ = '([^']+)'", f.read()).group(1)
@@ -22,6 +45,8 @@ def read_requirements(name):
     return reqs
 
 
+ext_modules, cmdclass = cpu_extensions()
+
 setup(
     name='polaformerpp',
     version=read_version(),
@@ -37,6 +62,8 @@ setup(
         'tests': read_requirements('tests'),
         'optional': read_requirements('optional'),
     },
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
     license='Apache License 2.0',
     zip_safe=False,
 )

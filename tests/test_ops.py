@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from polaformerpp.ops import pola_attention, pola_rope_tables
+from polaformerpp.ops import available_backends, pola_attention, pola_rope_tables
 
 
 def reference_pola_attention(q, k, v, ts, to, rope=None, eps=1e-6):
@@ -186,3 +186,32 @@ def test_token_chunking_does_not_change_the_result(use_rope):
     grads_chunked = torch.autograd.grad(chunked.sum(), (q, k, v, ts, to))
     for a, b in zip(grads_chunked, grads_whole):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('backend', ['torch', 'cpu'])
+def test_value_contract_errors(backend):
+    """The CPU backends check the values their formulation relies on."""
+    if backend not in available_backends():
+        pytest.skip('fused CPU kernels not built')
+    q, k, v, ts, to = _good()
+    with pytest.raises(ValueError, match='temp_opp must be non-negative'):
+        pola_attention(q, k, v, ts, -to, backend=backend)
+    sin, cos = pola_rope_tables(2, 3, 4)
+    cos = cos.clone()
+    cos[:, 1] += 0.1
+    with pytest.raises(ValueError, match='must give both channels of a rotation pair'):
+        pola_attention(q, k, v, ts, to, rope=(sin, cos), backend=backend)
+
+
+@pytest.mark.parametrize('use_rope', [False, True])
+def test_extreme_keys_and_queries_stay_finite(use_rope):
+    """exp(-k) is taken as 1 / exp(k): large |k| must still give exact zeros and finite outputs."""
+    q, k, v, ts, to = make_inputs(1, 2, 12, 8, seed=9)
+    k = k * 30  # exp(k) spans ~1e-40 .. 1e40 in fp32 only where |k| < 88
+    k[..., 0, :] = 85.0
+    k[..., 1, :] = -85.0
+    rope = pola_rope_tables(3, 4, 8) if use_rope else None
+    out = pola_attention(q, k.clamp(-85, 85), v, ts, to, rope=rope)
+    ref = reference_pola_attention(q, k.clamp(-85, 85), v, ts, to, rope)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)

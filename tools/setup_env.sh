@@ -20,7 +20,8 @@ BASE_PYTHON=${POLAPP_BASE_PYTHON:-python3}
 MMCV_VERSION=2.1.0
 
 stamp_of() {
-    cat "$ROOT"/requirements/*.txt "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" | sha256sum | cut -d' ' -f1
+    cat "$ROOT"/requirements/*.txt "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" \
+        "$ROOT"/polaformerpp/ops/csrc/* | sha256sum | cut -d' ' -f1
 }
 STAMP_FILE=$VENV/.polaformerpp-stamp
 if [[ -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$(stamp_of)" ]]; then
@@ -64,8 +65,14 @@ log "installing runtime and test requirements"
 "${PIP[@]}" install -q --find-links "$CACHE" \
     -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt" -r "$ROOT/requirements/optional.txt"
 "${PIP[@]}" install -q --no-build-isolation --no-deps -e "$ROOT"
+# The fused CPU attention kernels, compiled next to their sources (about a
+# minute); the editable install above does not build them with setuptools >= 80.
+log "building the fused CPU kernels"
+(cd "$ROOT" && "$VENV/bin/python" setup.py -q build_ext --inplace 2>&1 | grep -v "CUDA_HOME\|Deprecat\|^\s*\*\*\*\|^\s*$" >&2 || true)
 
 "$VENV/bin/python" -c 'import mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, polaformerpp' \
     || { log "the environment does not import"; exit 1; }
+"$VENV/bin/python" -c 'import sys; from polaformerpp.ops import available_backends; sys.exit("cpu" not in available_backends())' \
+    || { log "the fused CPU kernels did not build (see the compiler output above)"; exit 1; }
 stamp_of > "$STAMP_FILE"
 log "environment ready: $VENV"

@@ -27,15 +27,24 @@ from torch import Tensor
 
 __all__ = ['pola_attention', 'pola_attention_torch', 'pola_feature_maps', 'available_backends']
 
-_BACKENDS = ('auto', 'torch', 'triton')
+_BACKENDS = ('auto', 'torch', 'cpu', 'triton')
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def available_backends() -> Tuple[str, ...]:
-    """Backends usable in this process (``'triton'`` needs a CUDA device and Triton)."""
+    """Backends usable in this process (``'cpu'`` needs the compiled kernels,
+    ``'triton'`` a CUDA device and Triton)."""
     backends = ['torch']
+    if _cpu_kernels_usable():
+        backends.append('cpu')
     if _triton_usable():
         backends.append('triton')
     return tuple(backends)
+
+
+def _cpu_kernels_usable() -> bool:
+    from .pola_attention_cpu import cpu_kernels_available
+    return cpu_kernels_available()
 
 
 def _triton_usable() -> bool:
@@ -74,81 +83,150 @@ def pola_feature_maps(q: Tensor, k: Tensor, temp_same: Tensor,
     return phi_s, phi_o, phi_k
 
 
-_TOKEN_CHUNK = 4096  # tokens per step of the torch backend (keeps temporaries cache-sized)
+_CHUNK_ELEMENTS = 2 ** 17  # elements of q (B * h * tokens * d) per step of the torch backend
+_MIN_CHUNK_TOKENS = 512
 
 
-def _rotate_pairs(x: Tensor, sin_alt: Tensor, cos: Tensor) -> Tensor:
-    """RoPE with a pre-signed sine: ``x * cos + swap_pairs(x) * sin_alt``.
+def _chunk_tokens(q: Tensor) -> int:
+    """Tokens per step: ``B * h * n * 4d`` query features stay around 2 MiB (fp32)."""
+    batch_heads = q.shape[0] * q.shape[1]
+    return max(_MIN_CHUNK_TOKENS, _CHUNK_ELEMENTS // max(batch_heads * q.shape[-1], 1))
 
-    ``sin_alt`` holds ``-sin`` on even and ``+sin`` on odd channels, so a pair
-    ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x1 cos + x0 sin)``, as in
-    :func:`polaformerpp.ops.rope.apply_rope`.
+
+def _spiky(x: Tensor) -> Tensor:
+    """``exp(relu(x)) - 1`` in two passes: ``softshrink(exp(x), 1)``.
+
+    ``exp(x) > 1`` exactly when ``x > 0``, and softshrink subtracts 1 there and
+    returns 0 elsewhere, so the inactive polarity is exactly zero.
     """
-    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return torch.addcmul(x * cos, swapped, sin_alt)
+    return F.softshrink(torch.exp(x), 1.0)
+
+
+def _key_features(k: Tensor) -> Tensor:
+    """``phi_k = [exp(k+) - 1, exp(k-) - 1]``: ``(..., n, d) -> (..., n, 2d)``.
+
+    One exp per element: ``exp(-k) = 1 / exp(k)``.
+    """
+    e = torch.exp(k)
+    return F.softshrink(torch.stack([e, e.reciprocal()], dim=-2), 1.0).flatten(-2)
+
+
+def _signed_temperatures(temp_same: Tensor, temp_opp: Tensor) -> Tensor:
+    """``(h, 2d)`` x 2 -> ``(h, 4, d)`` rows ``[ts[:d], -ts[d:], -to[:d], to[d:]]``.
+
+    With non-negative temperatures, ``relu(q) * t = relu(q * t)`` and
+    ``relu(-q) * t = relu(q * -t)``, so multiplying ``q`` by these rows and
+    applying :func:`_spiky` gives ``[phi_s | phi_o]`` directly.
+    """
+    d = temp_same.shape[-1] // 2
+    return torch.stack([temp_same[:, :d], -temp_same[:, d:], -temp_opp[:, :d], temp_opp[:, d:]], dim=1)
+
+
+def _query_features(q: Tensor, signed_temps: Tensor) -> Tensor:
+    """Both streams' query maps: ``(B, h, n, d) -> (B, h, n, 2, 2d)`` (``[phi_s, phi_o]``)."""
+    x = q.unsqueeze(-2) * signed_temps[None, :, None]  # (B, h, n, 4, d)
+    return _spiky(x).flatten(-2).unflatten(-1, (2, -1))
+
+
+def _rotation(sin: Tensor, cos: Tensor, dtype: torch.dtype, check: bool) -> Tensor:
+    """``(sin, cos)`` rows ``(n, 2d)`` -> unit complex numbers ``(n, d)``, one per channel pair.
+
+    With ``check``, tables whose pairs do not share an angle raise (the
+    complex product rotates a pair by one angle).
+    """
+    if check:
+        for name, t in (('rope[0] (sin)', sin), ('rope[1] (cos)', cos)):
+            if not torch.equal(t[:, 0::2], t[:, 1::2]):
+                raise ValueError(f'{name} must give both channels of a rotation pair '
+                                 f'(2i, 2i+1) the same angle: t[:, 0::2] == t[:, 1::2]')
+    return torch.complex(cos[:, 0::2].to(dtype), sin[:, 0::2].to(dtype))
+
+
+def _check_temperatures(temp_same: Tensor, temp_opp: Tensor) -> None:
+    for name, t in (('temp_same', temp_same), ('temp_opp', temp_opp)):
+        if not bool((t >= 0).all()):
+            raise ValueError(f'{name} must be non-negative (sigmoid outputs in (0, 1)), '
+                             f'got a minimum of {t.min().item():.4g}')
+
+
+def _rotate(x: Tensor, rotation: Tensor) -> Tensor:
+    """RoPE of channel pairs as a complex product: ``(x0 + i x1) * (cos + i sin)``.
+
+    Args:
+        x: ``(..., 2c)`` real, contiguous.
+        rotation: complex, broadcastable to ``(..., c)``.
+    """
+    return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation).flatten(-2)
 
 
 def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
                          rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
-                         chunk_size: int = _TOKEN_CHUNK) -> Tensor:
+                         chunk_size: Optional[int] = None) -> Tensor:
     """PyTorch implementation (no argument checks; see :func:`pola_attention`).
 
-    Two passes over the tokens, ``chunk_size`` at a time, so every temporary
-    is ``O(chunk * d)`` and stays in cache:
+    Two passes over the tokens, ``chunk_size`` at a time (default: about
+    ``2**17 / (B h d)`` tokens), so every temporary is cache-sized and memory
+    is linear in N:
 
     1. keys: ``S = sum_n R(phi_k)_n^T v_n / N`` (``(2d, dv)``, shared by both
        streams) and ``m = mean_n phi_k`` (``(2d,)``);
-    2. queries: both streams' feature maps built side by side, ``phi_q =
-       [phi_s | phi_o]`` (``(n, 4d)``, one ``expm1`` and one rotation for
-       both); each stream then reads its half: ``num = R(phi) S_stream``,
-       ``den = phi . m``.
+    2. queries: ``[phi_s, phi_o]`` built side by side (``(n, 2, 2d)``: one
+       product with signed temperatures, one exp, one softshrink, one complex
+       rotation for both); each stream reads its half of ``S``:
+       ``num = R(phi) S_stream``, ``den = phi . m``.
+
+    Feature maps are ``exp(x) - 1`` as the method defines them (vectorised exp;
+    the inactive polarity is exactly zero). Temperatures must be non-negative
+    and RoPE tables must give both channels of a pair the same angle
+    (both checked here, except while torch.compile traces).
     """
     out_dtype = q.dtype
     dtype = _compute_dtype(q.dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    num_tokens, head_dim = q.shape[-2:]
+    batch, heads, num_tokens, head_dim = q.shape
     half = v.shape[-1] // 2
-    ts = temp_same.to(dtype)[None, :, None, :]
-    to = temp_opp.to(dtype)[None, :, None, :]
-    if rope is not None:
-        sin, cos = (t.to(dtype) for t in rope)
-        sin_alt = sin * torch.tensor([-1.0, 1.0], dtype=dtype, device=sin.device).repeat(sin.shape[-1] // 2)
+    chunk_size = chunk_size or _chunk_tokens(q)
+    check_values = not torch.compiler.is_compiling()  # data-dependent checks cannot be traced
+    if check_values:
+        _check_temperatures(temp_same, temp_opp)
+    chunks = [(start, min(start + chunk_size, num_tokens)) for start in range(0, num_tokens, chunk_size)]
 
     # pass 1: keys -> state S and mean feature m
     state, key_sum = 0, 0
-    for start in range(0, num_tokens, chunk_size):
-        stop = min(start + chunk_size, num_tokens)
-        k_chunk = k[..., start:stop, :]
-        phi_k = torch.expm1(torch.cat([F.relu(k_chunk), F.relu(-k_chunk)], dim=-1))  # (B, h, n, 2d)
+    rotations = []  # per chunk, (n, d) complex: built once, used by both passes
+    for start, stop in chunks:
+        phi_k = _key_features(k[..., start:stop, :])  # (B, h, n, 2d)
         key_sum = key_sum + phi_k.sum(dim=-2)
         if rope is not None:
-            phi_k = _rotate_pairs(phi_k, sin_alt[start:stop], cos[start:stop])
+            rotations.append(_rotation(rope[0][start:stop], rope[1][start:stop], dtype, check_values))
+            phi_k = _rotate(phi_k, rotations[-1])
         state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
-    key_mean = (key_sum / num_tokens)[..., None]  # (B, h, 2d, 1)
+    key_mean = (key_sum / num_tokens)[:, :, None, :, None]  # (B, h, 1, 2d, 1)
     state_same, state_opp = state[..., :half], state[..., half:]
-    if rope is not None:
-        sin_alt, cos = torch.cat([sin_alt, sin_alt], dim=-1), torch.cat([cos, cos], dim=-1)
 
     # pass 2: queries -> both streams at once
-    d = head_dim
-    two_d = 2 * head_dim
+    signed_temps = _signed_temperatures(temp_same.to(dtype), temp_opp.to(dtype))
     outs = []
-    for start in range(0, num_tokens, chunk_size):
-        stop = min(start + chunk_size, num_tokens)
-        q_chunk = q[..., start:stop, :]
-        q_pos, q_neg = F.relu(q_chunk), F.relu(-q_chunk)
-        phi_q = torch.expm1(torch.cat([q_pos * ts[..., :d], q_neg * ts[..., d:],  # phi_s
-                                       q_neg * to[..., :d], q_pos * to[..., d:]], dim=-1))  # phi_o
-        den_same = phi_q[..., :two_d] @ key_mean + eps  # (B, h, n, 1)
-        den_opp = phi_q[..., two_d:] @ key_mean + eps
+    for index, (start, stop) in enumerate(chunks):
+        phi_q = _query_features(q[..., start:stop, :], signed_temps)  # (B, h, n, 2, 2d)
+        den = phi_q @ key_mean + eps  # (B, h, n, 2, 1)
         if rope is not None:
-            phi_q = _rotate_pairs(phi_q, sin_alt[start:stop], cos[start:stop])
-        out_same = phi_q[..., :two_d] @ state_same / den_same  # (B, h, n, dv/2)
-        out_opp = phi_q[..., two_d:] @ state_opp / den_opp
-        outs.append(torch.cat([out_same, out_opp], dim=-1))
+            phi_q = _rotate(phi_q, rotations[index][:, None, :])
+        num = torch.stack([phi_q[..., 0, :] @ state_same, phi_q[..., 1, :] @ state_opp], dim=-2)
+        outs.append((num / den).flatten(-2))  # (B, h, n, dv)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
     return out.to(out_dtype)
+
+
+def _pick_backend(q: Tensor, k: Tensor, v: Tensor, records_grad: bool) -> str:
+    fused_dtypes = all(t.dtype in _FUSED_DTYPES for t in (q, k, v))
+    if q.is_cuda and fused_dtypes and v.shape[-1] == q.shape[-1] and _triton_usable():
+        return 'triton'
+    if (q.device.type == 'cpu' and fused_dtypes and not records_grad
+            and not torch.compiler.is_compiling() and _cpu_kernels_usable()):
+        return 'cpu'
+    return 'torch'
 
 
 def _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend):
@@ -200,23 +278,42 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
         q, k: ``(B, h, N, d)``, ``d`` even.
         v: ``(B, h, N, dv)``, ``dv`` even (``dv == d`` in every model here).
         temp_same, temp_opp: ``(h, 2d)`` channel-wise temperatures, already
-            passed through a sigmoid.
+            passed through a sigmoid (non-negative).
         rope: ``None`` or ``(sin, cos)``, each ``(N, 2d)`` (see
-            :func:`pola_rope_tables`); applied to the numerator only.
+            :func:`pola_rope_tables`); applied to the numerator only. A
+            rotation of channel pairs: channels ``2i`` and ``2i+1`` share one
+            angle.
         eps: added to the denominator.
-        backend: ``'torch'``, ``'triton'`` (CUDA tensors) or ``'auto'`` (the
-            fastest one usable for these tensors; never fails on CPU).
+        backend: ``'torch'`` (eager, differentiable), ``'cpu'`` (fused CPU
+            kernels, forward only), ``'triton'`` (CUDA tensors) or ``'auto'``
+            (the fastest one usable for these tensors: triton on CUDA, cpu on
+            CPU when autograd does not record, torch otherwise; never fails).
 
     Returns:
         Tensor: ``(B, h, N, dv)`` in ``q``'s dtype: ``[same-polarity stream
         over v[..., :dv/2] | opposite-polarity stream over v[..., dv/2:]]``.
         Feature maps and accumulation are fp32 for fp16/bf16 inputs.
+
+    Raises:
+        TypeError, ValueError: naming the argument and what was expected
+            (shapes, dtypes, even head dims, ``backend``; with the torch
+            backend also negative temperatures and RoPE tables whose pairs
+            differ).
     """
     _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend)
+    records_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, temp_same, temp_opp, *(rope or ())))
     if backend == 'auto':
-        fused_ok = (q.is_cuda and v.shape[-1] == q.shape[-1]
-                    and all(t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in (q, k, v)))
-        backend = 'triton' if fused_ok and _triton_usable() else 'torch'
+        backend = _pick_backend(q, k, v, records_grad)
+    if backend == 'cpu':
+        if q.device.type != 'cpu' or q.dtype not in _FUSED_DTYPES or not _cpu_kernels_usable():
+            raise ValueError("backend='cpu' needs CPU tensors in fp32/fp16/bf16 and the compiled "
+                             "kernels (pip install -e .); use backend='torch' or 'auto'")
+        if records_grad:
+            raise ValueError("backend='cpu' is forward only and autograd is recording: use "
+                             "backend='torch' or 'auto' to train, or torch.no_grad() / inference_mode()")
+        from .pola_attention_cpu import pola_attention_cpu
+        return pola_attention_cpu(q, k, v, temp_same, temp_opp, rope, eps)
     if backend == 'triton':
         if not _triton_usable():
             raise ValueError("backend='triton' is not available in this build: "

@@ -1,0 +1,240 @@
+// Fused CPU feature maps of PolaFormer++'s polarity-aware linear attention.
+//
+// For every token these kernels read one row of q (or k), build the
+// polarity-aware, channel-wise spiky feature maps in registers (one exp per
+// element and stream: only one of x+ and x- is non-zero), rotate channel pairs
+// by the RoPE angles and write the rows the attention's matrix products read.
+// The products themselves (state S and the readout) stay with torch.matmul.
+// polaformerpp/ops/pola_attention_cpu.py drives them; the eager reference is
+// polaformerpp/ops/pola_attention.py (pola_attention_torch).
+//
+// Shapes (fp32, last dim contiguous, other strides arbitrary):
+//   q, k          (B, h, n, d)
+//   signed_temps  (h, 4, d)   rows [ts+, -ts-, -to+, to-] (see _signed_temperatures)
+//   key_mean      (B, h, 2d)
+//   sin, cos      (n, 2d)     RoPE tables; channels 2i and 2i+1 share one angle
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define POLA_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define POLA_MULTIVERSION
+#endif
+
+constexpr float kExpOverflow = 88.72283905206835f;  // log(FLT_MAX)
+
+// exp(a) - 1 for a >= 0 (NaN propagates, +inf above log(FLT_MAX)).
+// Cody-Waite reduction a = k ln2 + r, |r| <= ln2 / 2, and a degree-7 Taylor
+// polynomial for expm1(r); the result scale * expm1(r) + (scale - 1) is exact
+// in the k = 0 case, so small arguments keep full relative precision.
+// Written without branches or library calls so that the loops vectorise.
+inline float expm1_nonneg(float a) {
+    float x = a < 88.5f ? a : 88.5f;  // NaN -> 88.5, fixed below
+    float kf = std::floor(x * 1.4426950408889634f + 0.5f);
+    float r = x - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    float pm1 = p * r;  // expm1(r)
+    // 2^k in two halves: k reaches 128, one past the largest finite exponent
+    int32_t k = static_cast<int32_t>(kf);
+    int32_t k1 = k >> 1;
+    int32_t bits1 = (k1 + 127) << 23, bits2 = (k - k1 + 127) << 23;
+    float s1, s2;
+    std::memcpy(&s1, &bits1, sizeof(float));
+    std::memcpy(&s2, &bits2, sizeof(float));
+    float scale = s1 * s2;
+    float result = s1 * (s2 * pm1) + (scale - 1.0f);
+    result = a > kExpOverflow ? std::numeric_limits<float>::infinity() : result;
+    return a != a ? a : result;
+}
+
+// One token of the key map: phi = [exp(k+) - 1, exp(k-) - 1] (2d), its sum
+// into `feature_sum` and R(phi) into `out` (phi itself when sin == nullptr).
+// Returns false when a RoPE pair holds two different angles.
+POLA_MULTIVERSION
+bool key_row(const float* k, const float* sin, const float* cos, int64_t d,
+             float* feature, float* feature_sum, float* out) {
+    for (int64_t j = 0; j < d; ++j) {
+        float x = k[j];
+        float e = expm1_nonneg(x < 0.0f ? -x : x);
+        // written as !(x <= 0) and !(x >= 0) so that a NaN reaches both halves
+        feature[j] = !(x <= 0.0f) ? e : 0.0f;
+        feature[d + j] = !(x >= 0.0f) ? e : 0.0f;
+    }
+    for (int64_t j = 0; j < 2 * d; ++j) feature_sum[j] += feature[j];
+    if (sin == nullptr) {
+        std::memcpy(out, feature, 2 * d * sizeof(float));
+        return true;
+    }
+    bool paired = true;
+    for (int64_t i = 0; i < d; ++i) {
+        float c = cos[2 * i], s = sin[2 * i];
+        paired &= (c == cos[2 * i + 1]) & (s == sin[2 * i + 1]);
+        float f0 = feature[2 * i], f1 = feature[2 * i + 1];
+        out[2 * i] = f0 * c - f1 * s;
+        out[2 * i + 1] = f1 * c + f0 * s;
+    }
+    return paired;
+}
+
+// One token of both query maps. Stream s (0 same, 1 opposite) has the signed
+// temperature rows t1 = signed[2s], t2 = signed[2s + 1]: its first half is
+// exp(relu(x t1)) - 1, its second half exp(relu(x t2)) - 1. With non-negative
+// temperatures at most one of x t1, x t2 is positive, so one exp serves both.
+// Writes R(phi_s) / (phi_s . m + eps) (2d) to out[s * 2d ...]: the readout
+// divides each row by its denominator, so scaling the row before the product
+// with the state gives the stream's output directly.
+POLA_MULTIVERSION
+void query_row(const float* q, const float* signed_temps, const float* key_mean,
+               const float* sin, const float* cos, int64_t d, float eps,
+               float* feature, float* out) {
+    for (int64_t s = 0; s < 2; ++s) {
+        const float* t1 = signed_temps + (2 * s) * d;
+        const float* t2 = signed_temps + (2 * s + 1) * d;
+        for (int64_t j = 0; j < d; ++j) {
+            float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
+            float a = y1 > y2 ? y1 : y2;
+            float e = expm1_nonneg(a < 0.0f ? 0.0f : a);
+            feature[j] = !(y1 <= 0.0f) ? e : 0.0f;  // NaN propagates, as in the eager code
+            feature[d + j] = !(y2 <= 0.0f) ? e : 0.0f;
+        }
+        float dot = 0.0f;
+        for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
+        const float inv_den = 1.0f / (dot + eps);
+        float* o = out + s * 2 * d;
+        if (sin == nullptr) {
+            for (int64_t j = 0; j < 2 * d; ++j) o[j] = feature[j] * inv_den;
+            continue;
+        }
+        for (int64_t i = 0; i < d; ++i) {
+            float c = cos[2 * i] * inv_den, sn = sin[2 * i] * inv_den;
+            float f0 = feature[2 * i], f1 = feature[2 * i + 1];
+            o[2 * i] = f0 * c - f1 * sn;
+            o[2 * i + 1] = f1 * c + f0 * sn;
+        }
+    }
+}
+
+void check_float_rows(const torch::Tensor& t, const char* name, int64_t dim) {
+    TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+    TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32, got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims, got ", t.dim());
+    TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dim");
+}
+
+bool has_rope(const c10::optional<torch::Tensor>& sin, const c10::optional<torch::Tensor>& cos,
+              int64_t n, int64_t d) {
+    TORCH_CHECK(sin.has_value() == cos.has_value(), "sin and cos must be given together");
+    if (!sin.has_value()) return false;
+    for (const auto* t : {&sin.value(), &cos.value()}) {
+        check_float_rows(*t, "sin/cos", 2);
+        TORCH_CHECK(t->size(0) == n && t->size(1) == 2 * d, "sin/cos must have shape (n, 2d) = (",
+                    n, ", ", 2 * d, "), got ", t->sizes());
+    }
+    return true;
+}
+
+constexpr int64_t kRowsPerTask = 64;
+
+// Rotated key features (B, h, n, 2d), their unrotated sum over tokens
+// (B, h, 2d) and whether every RoPE pair shares its angle.
+std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
+        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin,
+        const c10::optional<torch::Tensor>& cos) {
+    check_float_rows(k, "k", 4);
+    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
+    const bool rope = has_rope(sin, cos, n, d);
+    auto out = torch::empty({B, H, n, 2 * d}, k.options());
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    auto partial = torch::zeros({B * H, blocks, 2 * d}, k.options());
+    std::vector<char> paired(B * H * blocks, 1);
+    const float* kp = k.data_ptr<float>();
+    const float* sp = rope ? sin->data_ptr<float>() : nullptr;
+    const float* cp = rope ? cos->data_ptr<float>() : nullptr;
+    const int64_t ss = rope ? sin->stride(0) : 0, cs = rope ? cos->stride(0) : 0;
+    float* op = out.data_ptr<float>();
+    float* pp = partial.data_ptr<float>();
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            bool ok = true;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                const float* row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
+                ok &= key_row(row, rope ? sp + i * ss : nullptr, rope ? cp + i * cs : nullptr, d,
+                              feature.data(), pp + task * 2 * d, op + (bh * n + i) * 2 * d);
+            }
+            paired[task] = ok;
+        }
+    });
+    bool all_paired = true;
+    for (char p : paired) all_paired &= static_cast<bool>(p);
+    return {out, partial.sum(1).view({B, H, 2 * d}), all_paired};
+}
+
+// Rotated query features of both streams, each row divided by its
+// denominator phi . m + eps: (B, h, n, 2, 2d).
+torch::Tensor query_features(
+        const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
+        const c10::optional<torch::Tensor>& sin, const c10::optional<torch::Tensor>& cos, double eps) {
+    check_float_rows(q, "q", 4);
+    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+    check_float_rows(signed_temps, "signed_temps", 3);
+    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
+                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
+    check_float_rows(key_mean, "key_mean", 3);
+    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
+                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    const bool rope = has_rope(sin, cos, n, d);
+    auto out = torch::empty({B, H, n, 2, 2 * d}, q.options());
+    const float* qp = q.data_ptr<float>();
+    const float* tp = signed_temps.data_ptr<float>();
+    const float* mp = key_mean.data_ptr<float>();
+    const float* sp = rope ? sin->data_ptr<float>() : nullptr;
+    const float* cp = rope ? cos->data_ptr<float>() : nullptr;
+    const int64_t ss = rope ? sin->stride(0) : 0, cs = rope ? cos->stride(0) : 0;
+    float* op = out.data_ptr<float>();
+    const float epsf = static_cast<float>(eps);
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                const float* row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
+                query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope ? sp + i * ss : nullptr,
+                          rope ? cp + i * cs : nullptr, d, epsf, feature.data(), op + (bh * n + i) * 4 * d);
+            }
+        }
+    });
+    return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "Fused CPU feature maps of PolaFormer++'s polarity-aware linear attention";
+    m.def("key_features", &key_features, "rotated key features, their token sum, RoPE pairs ok",
+          py::arg("k"), py::arg("sin"), py::arg("cos"));
+    m.def("query_features", &query_features, "rotated query features of both streams over their denominators",
+          py::arg("q"), py::arg("signed_temps"), py::arg("key_mean"), py::arg("sin"), py::arg("cos"),
+          py::arg("eps"));
+}

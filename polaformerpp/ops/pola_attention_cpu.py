@@ -1,0 +1,91 @@
+"""Fused CPU forward of :func:`pola_attention` (``backend='cpu'``, inference).
+
+The C++ kernels in ``csrc/pola_features_cpu.cpp`` build each token's feature
+maps in registers (one exp per element and stream, RoPE as a pair rotation,
+the denominator ``phi . m`` on the fly) and write only the rows the two matrix
+products read; the products are ``torch.matmul`` (MKL/oneDNN). Same two passes
+over token chunks as the eager reference :func:`pola_attention_torch`, which
+the tests hold this path to.
+
+Forward only: with autograd recording (an input that requires grad under
+grad mode) ``backend='auto'`` uses the eager torch implementation, and
+``backend='cpu'`` raises.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .pola_attention import _check_temperatures, _chunk_tokens, _signed_temperatures
+
+try:
+    from . import _pola_features_cpu as _kernels
+except ImportError:  # built by `pip install -e .`; optional without a C++ compiler
+    _kernels = None
+
+__all__ = ['pola_attention_cpu', 'cpu_kernels_available']
+
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def cpu_kernels_available() -> bool:
+    """Whether the compiled CPU kernels were built with this installation."""
+    return _kernels is not None
+
+
+def _rows(t: Tensor) -> Tensor:
+    """fp32 with a contiguous last dim (any other strides are read in place)."""
+    t = t.to(torch.float32)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
+                       rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
+                       chunk_size: Optional[int] = None) -> Tensor:
+    """Fused CPU implementation (no argument checks; see :func:`pola_attention`).
+
+    Args and returns as :func:`pola_attention`; fp32 compute for
+    fp32/fp16/bf16 inputs, output in ``q``'s dtype. Not differentiable.
+    """
+    if _kernels is None:
+        raise RuntimeError('the fused CPU kernels are not built: reinstall with a C++ compiler '
+                           '(pip install -e .) or use backend="torch"')
+    out_dtype = q.dtype
+    q, k, v = _rows(q), _rows(k), _rows(v)
+    batch, heads, num_tokens, _ = q.shape
+    half = v.shape[-1] // 2
+    chunk_size = chunk_size or _chunk_tokens(q)
+    _check_temperatures(temp_same, temp_opp)
+    sin, cos = (_rows(t) for t in rope) if rope is not None else (None, None)
+
+    def rows(table, start, stop):
+        return None if table is None else table[start:stop]
+
+    chunks = [(start, min(start + chunk_size, num_tokens)) for start in range(0, num_tokens, chunk_size)]
+    # pass 1: keys -> state S (B, h, 2d, dv) and mean feature m (B, h, 2d)
+    state = key_sum = None
+    for start, stop in chunks:
+        features, feature_sum, paired = _kernels.key_features(
+            k[..., start:stop, :], rows(sin, start, stop), rows(cos, start, stop))
+        if not paired:
+            raise ValueError('rope (sin, cos) must give both channels of a rotation pair (2i, 2i+1) '
+                             'the same angle: t[:, 0::2] == t[:, 1::2]')
+        chunk_state = features.transpose(-1, -2) @ v[..., start:stop, :]
+        state = chunk_state if state is None else state.add_(chunk_state)
+        key_sum = feature_sum if key_sum is None else key_sum.add_(feature_sum)
+    state.div_(num_tokens)
+    key_mean = key_sum.div_(num_tokens).contiguous()
+    state_same, state_opp = state[..., :half], state[..., half:]
+
+    # pass 2: queries -> both streams, written into the output
+    signed_temps = _signed_temperatures(temp_same.to(torch.float32), temp_opp.to(torch.float32)).contiguous()
+    out = torch.empty(batch, heads, num_tokens, 2 * half, dtype=torch.float32)
+    for start, stop in chunks:
+        # rows already divided by their denominators: the products are the outputs
+        features = _kernels.query_features(
+            q[..., start:stop, :], signed_temps, key_mean, rows(sin, start, stop), rows(cos, start, stop),
+            float(eps))
+        target = out[..., start:stop, :]
+        torch.matmul(features[..., 0, :], state_same, out=target[..., :half])
+        torch.matmul(features[..., 1, :], state_opp, out=target[..., half:])
+    return out.to(out_dtype)

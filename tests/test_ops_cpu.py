@@ -1,0 +1,164 @@
+"""The fused CPU backend (compiled feature-map kernels) against the eager torch backend."""
+import math
+
+import pytest
+import torch
+
+from polaformerpp.ops import available_backends, pola_attention, pola_attention_torch, pola_rope_tables
+
+pytestmark = pytest.mark.skipif('cpu' not in available_backends(),
+                                reason='fused CPU kernels not built (tools/setup_env.sh builds them)')
+
+
+def grid_for(n):
+    h = int(math.isqrt(n))
+    while n % h:
+        h -= 1
+    return h, n // h
+
+
+def make_inputs(B, h, N, d, dv=None, seed=0, scale=1.0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (scale * torch.randn(B, h, N, d, generator=g) for _ in range(2))
+    v = torch.randn(B, h, N, dv or d, generator=g)
+    ts = torch.rand(h, 2 * d, generator=g) * 0.9 + 0.05
+    to = torch.rand(h, 2 * d, generator=g) * 0.9 + 0.05
+    return [t.to(dtype) for t in (q, k, v)] + [ts, to]
+
+
+def float64_reference(q, k, v, ts, to, rope):
+    rope = tuple(t.double() for t in rope) if rope is not None else None
+    return pola_attention_torch(q.double(), k.double(), v.double(), ts.double(), to.double(), rope)
+
+
+def assert_close_rel(actual, expected, rtol):
+    err = ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
+    assert err < rtol, f'max error {err:.2e} relative to the largest output, allowed {rtol:.0e}'
+
+
+@pytest.mark.parametrize('B, h, N, d', [
+    (1, 1, 1, 8),      # a single token
+    (2, 3, 65, 12),    # N one past a kernel block of 64 rows
+    (1, 2, 200, 16),
+    (2, 1, 130, 32),
+    (1, 1, 333, 48),
+    (1, 2, 1000, 64),
+    (2, 1, 77, 96),
+    (1, 1, 50, 128),
+])
+@pytest.mark.parametrize('use_rope', [False, True])
+def test_matches_torch_backend(B, h, N, d, use_rope):
+    q, k, v, ts, to = make_inputs(B, h, N, d, seed=N + d)
+    rope = pola_rope_tables(*grid_for(N), d) if use_rope else None
+    out = pola_attention(q, k, v, ts, to, rope=rope, backend='cpu')
+    assert out.shape == (B, h, N, d) and out.dtype == torch.float32
+    reference = float64_reference(q, k, v, ts, to, rope)
+    assert_close_rel(out, reference, 2e-6)
+    assert_close_rel(out, pola_attention(q, k, v, ts, to, rope=rope, backend='torch'), 2e-6)
+
+
+def test_token_chunks_and_value_dim():
+    """Several token chunks (chunk sizes that do not divide N) and dv != d."""
+    from polaformerpp.ops.pola_attention_cpu import pola_attention_cpu
+    q, k, v, ts, to = make_inputs(2, 2, 300, 16, dv=10, seed=4)
+    rope = pola_rope_tables(15, 20, 16)
+    whole = pola_attention_cpu(q, k, v, ts, to, rope, chunk_size=4096)
+    for chunk in (1, 37, 128):
+        assert_close_rel(pola_attention_cpu(q, k, v, ts, to, rope, chunk_size=chunk), whole, 1e-6)
+    assert_close_rel(whole, float64_reference(q, k, v, ts, to, rope), 2e-6)
+
+
+def test_strided_layouts_are_read_in_place():
+    """The backbone's (B, N, h, d) buffer viewed as (B, h, N, d), and a non-contiguous last dim."""
+    B, N, h, d = 2, 70, 3, 16
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(B, N, 3, h, d, generator=g)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, h, N, d) views
+    ts, to = torch.rand(h, 2 * d, generator=g), torch.rand(h, 2 * d, generator=g)
+    rope = pola_rope_tables(7, 10, d)
+    expected = pola_attention(q.contiguous(), k.contiguous(), v.contiguous(), ts, to, rope, backend='torch')
+    assert_close_rel(pola_attention(q, k, v, ts, to, rope, backend='cpu'), expected, 2e-6)
+    wide = torch.randn(B, h, N, 2 * d, generator=g)
+    q_strided = wide[..., ::2]  # last-dim stride 2
+    assert_close_rel(pola_attention(q_strided, k, v, ts, to, rope, backend='cpu'),
+                     pola_attention(q_strided.contiguous(), k, v, ts, to, rope, backend='torch'), 2e-6)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(dtype):
+    q, k, v, ts, to = make_inputs(1, 2, 100, 16, seed=2, dtype=dtype)
+    rope = pola_rope_tables(10, 10, 16)
+    out = pola_attention(q, k, v, ts, to, rope, backend='cpu')
+    assert out.dtype == dtype
+    assert_close_rel(out, pola_attention(q, k, v, ts, to, rope, backend='torch'), 1e-2)
+
+
+def test_small_arguments_keep_relative_precision():
+    """exp(x) - 1 is computed as expm1 in the kernels: tiny activations stay accurate."""
+    q, k, v, ts, to = make_inputs(1, 1, 64, 16, seed=3, scale=1e-4)
+    out = pola_attention(q, k, v, ts, to, backend='cpu')
+    assert_close_rel(out, float64_reference(q, k, v, ts, to, None), 1e-5)
+
+
+def test_large_and_special_values():
+    q, k, v, ts, to = make_inputs(1, 2, 40, 8, seed=5)
+    k = (k * 30).clamp(-40, 40)  # exp(k) up to ~1e17
+    q = q * 8  # exp(q t) up to ~1e10: den = phi . m stays inside fp32
+    out = pola_attention(q, k, v, ts, to, backend='cpu')
+    assert torch.isfinite(out).all()
+    assert_close_rel(out, float64_reference(q, k, v, ts, to, None), 1e-5)
+    # NaN in one query row stays in that row; NaN in a key spreads to every row
+    q_nan = q.clone()
+    q_nan[0, 1, 7, 3] = float('nan')
+    out = pola_attention(q_nan, k, v, ts, to, backend='cpu')
+    assert torch.isnan(out[0, 1, 7]).all() and not torch.isnan(out[0, 1, :7]).any()
+    assert not torch.isnan(out[0, 0]).any()
+    k_nan = k.clone()
+    k_nan[0, 0, 0, 0] = float('nan')
+    assert torch.isnan(pola_attention(q, k_nan, v, ts, to, backend='cpu')[0, 0]).all()
+
+
+def test_auto_uses_cpu_kernels_only_without_autograd():
+    q, k, v, ts, to = make_inputs(1, 2, 30, 8, seed=6)
+    fused = pola_attention(q, k, v, ts, to, backend='cpu')
+    assert torch.equal(pola_attention(q, k, v, ts, to, backend='auto'), fused)
+    q.requires_grad_(True)
+    out = pola_attention(q, k, v, ts, to, backend='auto')
+    assert out.requires_grad  # the eager backend recorded the graph
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    with torch.no_grad():
+        assert torch.equal(pola_attention(q, k, v, ts, to, backend='auto'), fused)
+
+
+def test_bad_requests_raise_clear_errors():
+    q, k, v, ts, to = make_inputs(1, 1, 6, 4)
+    with pytest.raises(ValueError, match="backend='cpu' is forward only"):
+        pola_attention(q, k, v, ts.requires_grad_(), to, backend='cpu')
+    ts = ts.detach()
+    with pytest.raises(ValueError, match="backend='cpu' needs CPU tensors in fp32/fp16/bf16"):
+        pola_attention(q.double(), k.double(), v.double(), ts, to, backend='cpu')
+
+
+def test_backbone_inference_matches_torch_backend():
+    from polaformerpp.models.backbones import PolaFormerPP
+
+    def build(backend):
+        return PolaFormerPP(arch=dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1],
+                                      num_heads=[1, 2, 2, 4]),
+                            out_indices=(0, 1, 2, 3), attn_types=('linear', ) * 4,
+                            attn_backend=backend).eval()
+
+    torch.manual_seed(0)
+    reference = build('torch')
+    state = reference.state_dict()
+    for name in state:  # spread the temperatures (they start at 0, i.e. 0.5 after the sigmoid)
+        if name.endswith(('temp_same', 'temp_opp')):
+            state[name] = torch.randn_like(state[name])
+    reference.load_state_dict(state)
+    fused = build('cpu')
+    fused.load_state_dict(state)
+    image = torch.randn(2, 3, 64, 72)
+    with torch.no_grad():
+        for a, b in zip(fused(image), reference(image)):
+            assert_close_rel(a, b, 1e-5)
