@@ -242,6 +242,28 @@ def test_benchmark_tool(tiny_classifier, tmp_path, capsys):
         assert json.load(f)['batch_size'] == 2
 
 
+def test_benchmark_attention_tool(tmp_path, capsys):
+    """Every CPU backend runs, outputs agree, the CSV holds one row per cell and the plot is written."""
+    import csv
+    from polaformerpp.ops import available_backends
+    tool = load_tool('tools/analysis_tools/benchmark_attention.py')
+    backends = ['pola-torch', 'pola-cpu', 'sdpa', 'naive']
+    results = tool.main(['--device', 'cpu', '--seq-lens', '64', '300', '--head-dims', '16',
+                         '--heads', '2', '--backends', *backends, '--repeat', '2', '--warmup', '1',
+                         '--no-isolate', '--out-dir', str(tmp_path)])
+    ran = [b for b in backends if b != 'pola-cpu' or 'cpu' in available_backends()]
+    assert [(r['backend'], r['seq_len']) for r in results] == [(b, n) for n in (64, 300) for b in ran]
+    assert all(r['status'] == 'ok' and r['time_ms'] > 0 and r['tokens_per_s'] > 0 for r in results)
+    out = capsys.readouterr().out
+    for backend in ran:
+        if backend in ('naive', 'pola-cpu'):
+            diff = float(out.split(f'{backend} vs pola-torch')[1].split('max |diff| = ')[1].split()[0])
+            assert diff < 1e-4, out
+    with open(tmp_path / 'benchmark_attention.csv') as f:
+        assert len(list(csv.DictReader(f))) == len(results)
+    assert_png(str(tmp_path / 'benchmark_attention.png'))
+
+
 # --------------------------------------------------------------------------- model zoo
 def test_model_index_lists_every_task_and_dry_run(capsys, tmp_path):
     tool = load_tool('tools/model_zoo/check_results.py')

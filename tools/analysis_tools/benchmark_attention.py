@@ -2,7 +2,8 @@
 
 Sweeps the sequence length N (and batch, heads, head dim, dtype) and times:
 
-* ``pola-torch``  - :func:`pola_attention` with ``backend='torch'``;
+* ``pola-torch``  - :func:`pola_attention` with ``backend='torch'`` (eager);
+* ``pola-cpu``    - the compiled CPU kernels (``backend='cpu'``, CPU only);
 * ``pola-triton`` - the fused Triton kernels (CUDA only);
 * ``sdpa``        - ``torch.nn.functional.scaled_dot_product_attention`` (the
   kernel it ran is reported: flash / efficient / cudnn / math);
@@ -36,9 +37,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 
-from polaformerpp.ops import pola_attention, pola_rope_tables  # noqa: E402
+from polaformerpp.ops import available_backends, pola_attention, pola_rope_tables  # noqa: E402
 
-BACKENDS = ('pola-torch', 'pola-triton', 'sdpa', 'naive')
+BACKENDS = ('pola-torch', 'pola-cpu', 'pola-triton', 'sdpa', 'naive')
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 DEFAULT_SEQ_LENS = (1024, 4096, 16384, 65536, 131072, 200704)
 CPU_DEFAULT_SEQ_LENS = (256, 1024, 4096)
@@ -177,7 +178,7 @@ def pick_sdpa_backend(device, dtype, head_dim):
 def build_call(backend, inputs, rope, sdpa_backend=None):
     """A zero-argument callable running one backend on ``inputs``."""
     q, k, v, temp_same, temp_opp = inputs
-    if backend in ('pola-torch', 'pola-triton'):
+    if backend in ('pola-torch', 'pola-cpu', 'pola-triton'):
         impl = backend.split('-')[1]
         return lambda: pola_attention(q, k, v, temp_same, temp_opp, rope=rope, backend=impl)
     if backend == 'naive':
@@ -365,8 +366,8 @@ def check_equal_outputs(args, device):
         inputs, rope = make_inputs(1, args.heads[0], num_tokens, args.head_dims[0], DTYPES[dtype_name],
                                    device, not args.no_rope, False)
         reference = build_call('pola-torch', inputs, rope)().float()
-        for backend in ('naive', 'pola-triton'):
-            if backend not in args.backends or (backend == 'pola-triton' and device.type != 'cuda'):
+        for backend in ('naive', 'pola-cpu', 'pola-triton'):
+            if backend not in args.backends:
                 continue
             diff = (build_call(backend, inputs, rope)().float() - reference).abs().max().item()
             rel = diff / reference.abs().max().item()
@@ -426,6 +427,11 @@ def main(argv=None):
     if 'pola-triton' in backends and not cuda:
         print('pola-triton: skipped (needs a CUDA device)')
         backends.remove('pola-triton')
+    if 'pola-cpu' in backends and (cuda or args.backward or 'cpu' not in available_backends()):
+        why = 'forward only' if args.backward else 'needs CPU tensors and the compiled kernels'
+        print(f'pola-cpu: skipped ({why})')
+        backends.remove('pola-cpu')
+    args.backends = backends
     peak_gbps = device_peak_gbps(device, args.peak_gbps)
     if args.threads:
         torch.set_num_threads(args.threads)
