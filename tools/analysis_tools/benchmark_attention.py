@@ -243,7 +243,26 @@ def current_rss_bytes():
         return peak_rss_bytes()
 
 
+def reset_peak_rss():
+    """Restart the peak RSS count here (Linux: VmHWM), so that a cell's peak is not an
+    earlier one (imports, input generation); False where the kernel does not allow it."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_bytes():
+    """Peak RSS since :func:`reset_peak_rss` (VmHWM), else since the process started."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('VmHWM:'):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -266,6 +285,7 @@ def measure_cell(cell):
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
         else:
+            reset_peak_rss()
             base = current_rss_bytes()
         result['time_ms'] = time_call(call, inputs, device, cell['repeat'], cell['warmup'], cell['backward'])
         peak = torch.cuda.max_memory_allocated(device) if device.type == 'cuda' else peak_rss_bytes()
