@@ -242,7 +242,8 @@ def test_benchmark_tool(tiny_classifier, tmp_path, capsys):
         assert json.load(f)['batch_size'] == 2
 
 
-def test_benchmark_attention_tool(tmp_path, capsys):
+@pytest.mark.parametrize('rope_form', ['grid', 'tables'])
+def test_benchmark_attention_tool(tmp_path, capsys, rope_form):
     """Every CPU backend runs, outputs agree, the CSV holds one row per cell and the plot is written."""
     import csv
     from polaformerpp.ops import available_backends
@@ -250,10 +251,11 @@ def test_benchmark_attention_tool(tmp_path, capsys):
     backends = ['pola-torch', 'pola-cpu', 'sdpa', 'naive']
     results = tool.main(['--device', 'cpu', '--seq-lens', '64', '300', '--head-dims', '16',
                          '--heads', '2', '--backends', *backends, '--repeat', '2', '--warmup', '1',
-                         '--no-isolate', '--out-dir', str(tmp_path)])
+                         '--no-isolate', '--rope-form', rope_form, '--out-dir', str(tmp_path)])
     ran = [b for b in backends if b != 'pola-cpu' or 'cpu' in available_backends()]
     assert [(r['backend'], r['seq_len']) for r in results] == [(b, n) for n in (64, 300) for b in ran]
     assert all(r['status'] == 'ok' and r['time_ms'] > 0 and r['tokens_per_s'] > 0 for r in results)
+    assert {r['rope'] for r in results} == {rope_form}
     out = capsys.readouterr().out
     for backend in ran:
         if backend in ('naive', 'pola-cpu'):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from polaformerpp.ops import available_backends, pola_attention, pola_rope_tables
+from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_rope_factors, pola_rope_tables
 
 
 def reference_pola_attention(q, k, v, ts, to, rope=None, eps=1e-6):
@@ -153,7 +153,9 @@ def _good():
     (lambda a: a.update(temp_same=a['temp_same'][:, :4]), ValueError, 'temp_same must have shape'),
     (lambda a: a.update(temp_opp=a['temp_opp'][None]), ValueError, 'temp_opp must have shape'),
     (lambda a: a.update(rope=pola_rope_tables(2, 2, 4)), ValueError, 'rope[0] (sin) must have shape'),
-    (lambda a: a.update(rope=torch.zeros(6, 8)), TypeError, 'rope must be None or a (sin, cos)'),
+    (lambda a: a.update(rope=torch.zeros(6, 8)), TypeError, 'rope must be None, a RopeGrid(height, width) or'),
+    (lambda a: a.update(rope=RopeGrid(2, 2)), ValueError, 'rope=RopeGrid(2, 2) covers 4 tokens, q has N=6'),
+    (lambda a: a.update(rope=RopeGrid(2.0, 3)), ValueError, 'rope.height (RopeGrid) must be a positive int'),
     (lambda a: a.update(backend='cuda'), ValueError, 'backend must be one of'),
     (lambda a: a.update(q=a['q'].long()), TypeError, 'q must be a floating-point'),
     (lambda a: a.update(v=[1.0]), TypeError, 'v must be a torch.Tensor'),
@@ -215,3 +217,29 @@ def test_extreme_keys_and_queries_stay_finite(use_rope):
     ref = reference_pola_attention(q, k.clamp(-85, 85), v, ts, to, rope)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_rope_factors_rebuild_the_tables():
+    sin, cos = pola_rope_tables(5, 7, 12)
+    row_sin, row_cos, col_sin, col_cos = pola_rope_factors(5, 7, 12)
+    n = torch.arange(35)
+    assert torch.equal(sin, torch.cat([row_sin[n // 7], col_sin[n % 7]], dim=1))
+    assert torch.equal(cos, torch.cat([row_cos[n // 7], col_cos[n % 7]], dim=1))
+
+
+@pytest.mark.parametrize('backend', ['torch', 'cpu'])
+def test_rope_grid_equals_tables(backend):
+    """RopeGrid(H, W) is the rotation of pola_rope_tables(H, W, d), over several token chunks."""
+    if backend not in available_backends():
+        pytest.skip('fused CPU kernels not built')
+    q, k, v, ts, to = make_inputs(2, 2, 6 * 700, 16, seed=11)
+    tables = pola_rope_tables(6, 700, 16)
+    out = pola_attention(q, k, v, ts, to, rope=RopeGrid(6, 700), backend=backend)
+    torch.testing.assert_close(out, pola_attention(q, k, v, ts, to, rope=tables, backend=backend),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_rope_grid_gradcheck():
+    q, k, v, ts, to = make_inputs(1, 2, 6, 4, dtype=torch.float64, seed=3, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda *xs: pola_attention(*xs, rope=RopeGrid(2, 3), backend='torch'), (q, k, v, ts, to))

@@ -20,8 +20,8 @@ if _TRITON_PREIMPORTED:
     pytest.skip('triton was imported before TRITON_INTERPRET=1 was set; run this file on its own '
                 'or set the variable in conftest.py', allow_module_level=True)
 
-from polaformerpp.ops import (available_backends, pola_attention, pola_attention_torch,  # noqa: E402
-                              pola_rope_tables)
+from polaformerpp.ops import (RopeGrid, available_backends, pola_attention,  # noqa: E402
+                              pola_attention_torch, pola_rope_tables)
 
 import polaformerpp.ops.pola_attention_triton as triton_ops  # noqa: E402
 
@@ -75,14 +75,20 @@ CASES = [
     (1, 2, 4, 5, 16, True, torch.float16),
     (2, 1, 3, 7, 32, True, torch.bfloat16),
     (1, 1, 9, 9, 64, False, torch.bfloat16),
+    # RoPE from row/column tables (RopeGrid): rows past a tile / chunk boundary, several widths
+    (2, 2, 5, 7, 12, 'grid', torch.float32),
+    (1, 1, 7, 9, 64, 'grid', torch.float32),
+    (1, 2, 3, 11, 32, 'grid', torch.bfloat16),
 ]
 
 
 @pytest.mark.parametrize('batch,heads,height,width,head_dim,rope,dtype', CASES)
 def test_forward_and_gradients_match_torch(batch, heads, height, width, head_dim, rope, dtype):
-    inputs, tables, grad_out = make_inputs(batch, heads, height, width, head_dim, rope, dtype)
+    """Against the torch backend with (N, 2d) tables; 'grid' runs the kernels on RopeGrid(H, W)."""
+    inputs, tables, grad_out = make_inputs(batch, heads, height, width, head_dim, bool(rope), dtype)
     expected = output_and_grads(pola_attention_torch, inputs, tables, grad_out)
-    actual = output_and_grads(pola_attention_triton, inputs, tables, grad_out)
+    fused_rope = RopeGrid(height, width) if rope == 'grid' else tables
+    actual = output_and_grads(pola_attention_triton, inputs, fused_rope, grad_out)
     rtol, atol = TOLERANCES[dtype]
     for name, a, e in zip(('out',) + GRAD_NAMES, actual, expected):
         assert_close_rel(a, e, rtol, atol, name)
@@ -159,12 +165,14 @@ def test_torch_compile_full_graph():
         assert_close_rel(a, e, 1e-6, 1e-7, name)
 
 
-def test_custom_op_registration():
+@pytest.mark.parametrize('rope', ['tables', 'grid'])
+def test_custom_op_registration(rope):
     inputs, tables, _ = make_inputs(1, 1, 2, 3, 16, True, torch.float32)
     q, k, v, temp_same, temp_opp = inputs
     temps = torch.stack([temp_same, temp_opp]).detach().requires_grad_()
+    rope_args = triton_ops._rope_tables(RopeGrid(2, 3) if rope == 'grid' else tables, 16, q.device)
     op = torch.ops.polaformerpp.pola_attention_triton_fwd
-    torch.library.opcheck(op, (q, k, v, temps, *tables, 1e-6),
+    torch.library.opcheck(op, (q, k, v, temps, *rope_args, 1e-6),
                           test_utils=('test_schema', 'test_autograd_registration', 'test_faketensor'))
 
 
@@ -186,8 +194,9 @@ except Exception as exc:
     print('no ptxas:', exc)
     sys.exit(3)
 from polaformerpp.ops.pola_attention_triton import compile_kernels_for_target
-for head_dim, dtype, has_rope, capability in [(12, 'bf16', True, 90), (16, 'fp32', False, 80)]:
-    kernels = compile_kernels_for_target(head_dim, dtype, has_rope, capability)
+for head_dim, dtype, has_rope, capability, grid in [(12, 'bf16', True, 90, False), (16, 'fp32', False, 80, False),
+                                                   (64, 'bf16', True, 90, True)]:
+    kernels = compile_kernels_for_target(head_dim, dtype, has_rope, capability, rope_grid=grid)
     assert all('ptx' in k.asm for k in kernels.values())
 print('ok')
 """

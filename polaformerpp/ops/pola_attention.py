@@ -17,12 +17,15 @@ For one head with queries ``q``, keys ``k`` (``N x d``) and values ``v``
 ``R`` is the optional 2-D rotary embedding (numerator only). The cost is
 ``O(N d dv)``; no ``N x N`` matrix is ever formed.
 """
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .rope import RopeGrid, pola_rope_factors
+
+Rope = Union[None, RopeGrid, Tuple[Tensor, Tensor]]
 
 
 __all__ = ['pola_attention', 'pola_attention_torch', 'pola_feature_maps', 'available_backends']
@@ -142,6 +145,28 @@ def _rotation(sin: Tensor, cos: Tensor, dtype: torch.dtype, check: bool) -> Tens
     return torch.complex(cos[:, 0::2].to(dtype), sin[:, 0::2].to(dtype))
 
 
+def _rotation_source(rope: Rope, head_dim: int, dtype: torch.dtype, device: torch.device,
+                     check: bool) -> Optional[Callable[[int, int], Tensor]]:
+    """``rotation(start, stop)``: the complex rotations ``(stop - start, d)`` of those tokens.
+
+    Tables ``(sin, cos)`` are read row by row; a :class:`RopeGrid` gathers its
+    row and column rotations (``(H, d/2)`` and ``(W, d/2)``, built once).
+    """
+    if rope is None:
+        return None
+    if isinstance(rope, RopeGrid):
+        row_sin, row_cos, col_sin, col_cos = pola_rope_factors(*rope, head_dim, device=device, dtype=dtype)
+        row_rot = torch.complex(row_cos[:, 0::2], row_sin[:, 0::2])
+        col_rot = torch.complex(col_cos[:, 0::2], col_sin[:, 0::2])
+
+        def rotation(start, stop):
+            tokens = torch.arange(start, stop, device=device)
+            return torch.cat([row_rot[tokens // rope.width], col_rot[tokens % rope.width]], dim=-1)
+        return rotation
+    sin, cos = rope
+    return lambda start, stop: _rotation(sin[start:stop], cos[start:stop], dtype, check)
+
+
 def _check_temperatures(temp_same: Tensor, temp_opp: Tensor) -> None:
     for name, t in (('temp_same', temp_same), ('temp_opp', temp_opp)):
         if not bool((t >= 0).all()):
@@ -160,7 +185,7 @@ def _rotate(x: Tensor, rotation: Tensor) -> Tensor:
 
 
 def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                         rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
+                         rope: Rope = None, eps: float = 1e-6,
                          chunk_size: Optional[int] = None) -> Tensor:
     """PyTorch implementation (no argument checks; see :func:`pola_attention`).
 
@@ -189,6 +214,7 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     check_values = not torch.compiler.is_compiling()  # data-dependent checks cannot be traced
     if check_values:
         _check_temperatures(temp_same, temp_opp)
+    rotation = _rotation_source(rope, head_dim, dtype, q.device, check_values)
     chunks = [(start, min(start + chunk_size, num_tokens)) for start in range(0, num_tokens, chunk_size)]
 
     # pass 1: keys -> state S and mean feature m
@@ -197,8 +223,8 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     for start, stop in chunks:
         phi_k = _key_features(k[..., start:stop, :])  # (B, h, n, 2d)
         key_sum = key_sum + phi_k.sum(dim=-2)
-        if rope is not None:
-            rotations.append(_rotation(rope[0][start:stop], rope[1][start:stop], dtype, check_values))
+        if rotation is not None:
+            rotations.append(rotation(start, stop))
             phi_k = _rotate(phi_k, rotations[-1])
         state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
@@ -211,7 +237,7 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     for index, (start, stop) in enumerate(chunks):
         phi_q = _query_features(q[..., start:stop, :], signed_temps)  # (B, h, n, 2, 2d)
         den = phi_q @ key_mean + eps  # (B, h, n, 2, 1)
-        if rope is not None:
+        if rotation is not None:
             phi_q = _rotate(phi_q, rotations[index][:, None, :])
         num = torch.stack([phi_q[..., 0, :] @ state_same, phi_q[..., 1, :] @ state_opp], dim=-2)
         outs.append((num / den).flatten(-2))  # (B, h, n, dv)
@@ -219,12 +245,18 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     return out.to(out_dtype)
 
 
+def _rope_tensors(rope: Rope) -> Tuple[Tensor, ...]:
+    return tuple(rope) if rope is not None and not isinstance(rope, RopeGrid) else ()
+
+
 def _pick_backend(q: Tensor, k: Tensor, v: Tensor, records_grad: bool) -> str:
     fused_dtypes = all(t.dtype in _FUSED_DTYPES for t in (q, k, v))
     if q.is_cuda and fused_dtypes and v.shape[-1] == q.shape[-1] and _triton_usable():
         return 'triton'
-    if (q.device.type == 'cpu' and fused_dtypes and not records_grad
-            and not torch.compiler.is_compiling() and _cpu_kernels_usable()):
+    # the compiled kernels are opaque to torch.compile and torch.jit.trace (flop counters,
+    # export): those see the eager backend
+    traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    if q.device.type == 'cpu' and fused_dtypes and not records_grad and not traced and _cpu_kernels_usable():
         return 'cpu'
     return 'torch'
 
@@ -254,9 +286,17 @@ def _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend):
         if tuple(t.shape) != (num_heads, 2 * head_dim):
             raise ValueError(f'{name} must have shape (h, 2d) = {(num_heads, 2 * head_dim)}, '
                              f'got {tuple(t.shape)}')
-    if rope is not None:
+    if isinstance(rope, RopeGrid):
+        for name, value in zip(('height', 'width'), rope):
+            # ints, or traced / symbolic sizes under torch.jit.trace and torch.compile
+            if isinstance(value, (bool, float)) or int(value) < 1:
+                raise ValueError(f'rope.{name} (RopeGrid) must be a positive int, got {value!r}')
+        if int(rope.height) * int(rope.width) != num_tokens:
+            raise ValueError(f'rope=RopeGrid({rope.height}, {rope.width}) covers '
+                             f'{rope.height * rope.width} tokens, q has N={num_tokens}')
+    elif rope is not None:
         if not isinstance(rope, (tuple, list)) or len(rope) != 2:
-            raise TypeError('rope must be None or a (sin, cos) pair of tensors')
+            raise TypeError('rope must be None, a RopeGrid(height, width) or a (sin, cos) pair of tensors')
         for name, t in zip(('rope[0] (sin)', 'rope[1] (cos)'), rope):
             if not isinstance(t, Tensor) or not t.is_floating_point():
                 raise TypeError(f'{name} must be a floating-point tensor')
@@ -270,7 +310,7 @@ def _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend):
 
 
 def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                   rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
+                   rope: Rope = None, eps: float = 1e-6,
                    backend: str = 'auto') -> Tensor:
     """Polarity-aware linear attention, both streams at once.
 
@@ -279,10 +319,12 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
         v: ``(B, h, N, dv)``, ``dv`` even (``dv == d`` in every model here).
         temp_same, temp_opp: ``(h, 2d)`` channel-wise temperatures, already
             passed through a sigmoid (non-negative).
-        rope: ``None`` or ``(sin, cos)``, each ``(N, 2d)`` (see
-            :func:`pola_rope_tables`); applied to the numerator only. A
-            rotation of channel pairs: channels ``2i`` and ``2i+1`` share one
-            angle.
+        rope: applied to the numerator only. ``None``; ``RopeGrid(H, W)``
+            (``H * W == N``): the 2-D RoPE of :func:`pola_rope_tables`, which
+            the backends build from per-row and per-column tables (the
+            cheapest form); or ``(sin, cos)`` tables, each ``(N, 2d)``, a
+            rotation of channel pairs (channels ``2i`` and ``2i+1`` share one
+            angle).
         eps: added to the denominator.
         backend: ``'torch'`` (eager, differentiable), ``'cpu'`` (fused CPU
             kernels, forward only), ``'triton'`` (CUDA tensors) or ``'auto'``
@@ -302,7 +344,7 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
     """
     _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend)
     records_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q, k, v, temp_same, temp_opp, *(rope or ())))
+        t.requires_grad for t in (q, k, v, temp_same, temp_opp, *_rope_tensors(rope)))
     if backend == 'auto':
         backend = _pick_backend(q, k, v, records_grad)
     if backend == 'cpu':

@@ -16,7 +16,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .pola_attention import _check_temperatures, _chunk_tokens, _signed_temperatures
+from .pola_attention import Rope, _check_temperatures, _chunk_tokens, _signed_temperatures
+from .rope import RopeGrid, pola_rope_factors
 
 try:
     from . import _pola_features_cpu as _kernels
@@ -39,9 +40,20 @@ def _rows(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _rope_for_kernels(rope: Rope, head_dim: int):
+    """``rows(start, stop) -> (sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset)`` for a chunk."""
+    if rope is None:
+        return lambda start, stop: (None, None, None, None, 0, 0)
+    if isinstance(rope, RopeGrid):
+        row_sin, row_cos, col_sin, col_cos = pola_rope_factors(*rope, head_dim)
+        return lambda start, stop: (row_sin, row_cos, col_sin, col_cos, rope.width, start)
+    sin, cos = (_rows(t) for t in rope)
+    return lambda start, stop: (sin[start:stop, :head_dim], cos[start:stop, :head_dim],
+                                sin[start:stop, head_dim:], cos[start:stop, head_dim:], 0, 0)
+
+
 def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                       rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
-                       chunk_size: Optional[int] = None) -> Tensor:
+                       rope: Rope = None, eps: float = 1e-6, chunk_size: Optional[int] = None) -> Tensor:
     """Fused CPU implementation (no argument checks; see :func:`pola_attention`).
 
     Args and returns as :func:`pola_attention`; fp32 compute for
@@ -52,21 +64,17 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
                            '(pip install -e .) or use backend="torch"')
     out_dtype = q.dtype
     q, k, v = _rows(q), _rows(k), _rows(v)
-    batch, heads, num_tokens, _ = q.shape
+    batch, heads, num_tokens, head_dim = q.shape
     half = v.shape[-1] // 2
     chunk_size = chunk_size or _chunk_tokens(q)
     _check_temperatures(temp_same, temp_opp)
-    sin, cos = (_rows(t) for t in rope) if rope is not None else (None, None)
-
-    def rows(table, start, stop):
-        return None if table is None else table[start:stop]
-
+    rope_rows = _rope_for_kernels(rope, head_dim)
     chunks = [(start, min(start + chunk_size, num_tokens)) for start in range(0, num_tokens, chunk_size)]
+
     # pass 1: keys -> state S (B, h, 2d, dv) and mean feature m (B, h, 2d)
     state = key_sum = None
     for start, stop in chunks:
-        features, feature_sum, paired = _kernels.key_features(
-            k[..., start:stop, :], rows(sin, start, stop), rows(cos, start, stop))
+        features, feature_sum, paired = _kernels.key_features(k[..., start:stop, :], *rope_rows(start, stop))
         if not paired:
             raise ValueError('rope (sin, cos) must give both channels of a rotation pair (2i, 2i+1) '
                              'the same angle: t[:, 0::2] == t[:, 1::2]')
@@ -82,9 +90,8 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     out = torch.empty(batch, heads, num_tokens, 2 * half, dtype=torch.float32)
     for start, stop in chunks:
         # rows already divided by their denominators: the products are the outputs
-        features = _kernels.query_features(
-            q[..., start:stop, :], signed_temps, key_mean, rows(sin, start, stop), rows(cos, start, stop),
-            float(eps))
+        features = _kernels.query_features(q[..., start:stop, :], signed_temps, key_mean,
+                                           *rope_rows(start, stop), float(eps))
         target = out[..., start:stop, :]
         torch.matmul(features[..., 0, :], state_same, out=target[..., :half])
         torch.matmul(features[..., 1, :], state_opp, out=target[..., half:])

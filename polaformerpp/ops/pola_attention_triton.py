@@ -58,10 +58,12 @@ products use ``input_precision='tf32x3'`` for fp32 inputs (about fp32 accuracy
 on tensor cores) and ``'tf32'`` for fp16/bf16 inputs (well below their own
 rounding); the interpreter computes them in plain fp32.
 
-RoPE: the public API passes the rotation as arbitrary ``(N, 2d)`` ``sin``/``cos``
-tables (it does not know the token grid ``H x W``), so the kernels read those
-tables (in their own dtype, shared by every batch element and head and
-therefore mostly served from L2) instead of generating angles in-kernel.
+RoPE: with ``rope=RopeGrid(H, W)`` (what the backbone passes) the kernels read
+per-row ``(H, d)`` and per-column ``(W, d)`` fp32 tables (token ``n`` uses row
+``n // W`` for feature channels ``[0, d)`` and column ``n % W`` for ``[d, 2d)``):
+``(H + W) d`` values that stay in L1/L2, instead of streaming two ``(N, 2d)``
+tables from HBM (which would be 8x the bytes of bf16 ``q``). ``(sin, cos)``
+tables are still accepted and read as two ``(N, d)`` halves.
 
 Layouts: ``q``, ``k``, ``v`` and the output gradient may have any strides (the
 backbone's ``(B, N, h, d)`` buffer viewed as ``(B, h, N, d)`` needs no copy);
@@ -86,6 +88,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .rope import RopeGrid, pola_rope_factors
+
 __all__ = ['pola_attention_triton', 'compile_kernels_for_target']
 
 _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
@@ -108,7 +112,7 @@ def _configs():
 
 def _autotune(kernel):
     """Autotune ``BLOCK_N``/warps/stages per head dim, RoPE and dtypes (one config if interpreted)."""
-    return triton.autotune(configs=_configs(), key=['HEAD_DIM', 'HAS_ROPE'])(kernel)
+    return triton.autotune(configs=_configs(), key=['HEAD_DIM', 'HAS_ROPE', 'ROPE_GRID'])(kernel)
 
 
 # ----------------------------------------------------------------------------
@@ -241,13 +245,26 @@ def _store_pair(base, even, odd, offs_n, offs_i, mask_n, mask_i, stride_n, strid
 
 
 @triton.jit
-def _load_rope(sin_ptr, cos_ptr, offs_n, offs_i, mask_n, mask_i, HEAD_DIM: tl.constexpr):
-    """``(sin quad, cos quad)`` of rows ``offs_n`` from contiguous ``(N, 2d)`` tables."""
-    stride_n = 2 * HEAD_DIM
-    sin_pe, sin_po = _load_pair(sin_ptr, offs_n, offs_i, mask_n, mask_i, stride_n, 1)
-    sin_ne, sin_no = _load_pair(sin_ptr + HEAD_DIM, offs_n, offs_i, mask_n, mask_i, stride_n, 1)
-    cos_pe, cos_po = _load_pair(cos_ptr, offs_n, offs_i, mask_n, mask_i, stride_n, 1)
-    cos_ne, cos_no = _load_pair(cos_ptr + HEAD_DIM, offs_n, offs_i, mask_n, mask_i, stride_n, 1)
+def _load_rope(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, stride_lo, stride_hi,
+               offs_n, offs_i, mask_n, mask_i, ROPE_GRID: tl.constexpr):
+    """``(sin quad, cos quad)`` of tokens ``offs_n``.
+
+    The ``lo`` tables rotate feature channels ``[0, d)``, the ``hi`` tables
+    ``[d, 2d)``; each is ``(rows, d)`` with a contiguous last dim. Token ``n``
+    reads row ``n`` of both (the halves of ``(N, 2d)`` tables) or, on a RoPE
+    grid, row ``n // W`` of the lo (row angles) and ``n % W`` of the hi
+    (column angles) tables: ``(H + W) d`` values instead of ``N 2d``.
+    """
+    if ROPE_GRID:
+        lo_rows = offs_n // rope_width
+        hi_rows = offs_n % rope_width
+    else:
+        lo_rows = offs_n
+        hi_rows = offs_n
+    sin_pe, sin_po = _load_pair(sin_lo_ptr, lo_rows, offs_i, mask_n, mask_i, stride_lo, 1)
+    sin_ne, sin_no = _load_pair(sin_hi_ptr, hi_rows, offs_i, mask_n, mask_i, stride_hi, 1)
+    cos_pe, cos_po = _load_pair(cos_lo_ptr, lo_rows, offs_i, mask_n, mask_i, stride_lo, 1)
+    cos_ne, cos_no = _load_pair(cos_hi_ptr, hi_rows, offs_i, mask_n, mask_i, stride_hi, 1)
     return (sin_pe, sin_po, sin_ne, sin_no), (cos_pe, cos_po, cos_ne, cos_no)
 
 
@@ -349,12 +366,13 @@ def _query_stream(q_even, q_odd, stream, head, bh, num_heads, eps, temp_ptr, sta
 
 @_autotune
 @triton.jit
-def _fwd_state_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, state_part_ptr, mean_part_ptr,
+def _fwd_state_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
+                      rope_width, rope_stride_lo, rope_stride_hi, state_part_ptr, mean_part_ptr,
                       seq_len, num_heads, chunk_len,
                       stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                      PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                      ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """Phase 1: chunk partial sums of ``R(phi_k)^T v_s`` and ``phi_k``.
 
     Grid ``(num_chunks * 2, B * h)``. Writes ``state_part[bh, chunk, stream]``
@@ -382,7 +400,8 @@ def _fwd_state_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, state_part_ptr, mean_part_
         key_sum = (key_sum[0] + tl.sum(feats[0], axis=0), key_sum[1] + tl.sum(feats[1], axis=0),
                    key_sum[2] + tl.sum(feats[2], axis=0), key_sum[3] + tl.sum(feats[3], axis=0))
         if HAS_ROPE:
-            rope = _load_rope(sin_ptr, cos_ptr, offs_n, offs_i, mask_n, mask_i, HEAD_DIM)
+            rope = _load_rope(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, rope_stride_lo,
+                          rope_stride_hi, offs_n, offs_i, mask_n, mask_i, ROPE_GRID)
             feats = _rotate_quads(feats, rope, False)
         v_tile = _load_cols(v_base, offs_n, offs_i, mask_n, mask_i, stride_vn, stride_vd)
         acc = (tl.dot(tl.trans(feats[0]), v_tile, acc[0], input_precision=PRECISION),
@@ -398,12 +417,13 @@ def _fwd_state_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, state_part_ptr, mean_part_
 
 @_autotune
 @triton.jit
-def _fwd_out_kernel(q_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean_ptr, o_ptr,
+def _fwd_out_kernel(q_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
+                    rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr, o_ptr,
                     seq_len, num_heads, eps,
                     stride_qb, stride_qh, stride_qn, stride_qd,
                     stride_ob, stride_oh, stride_on, stride_od,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                    ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """Phase 2: ``o_s = R(phi_q) S_s / (phi_q . m + eps)`` for one token tile and stream.
 
     Grid ``(num_tiles * 2, B * h)``; writes channels ``[s d/2, (s+1) d/2)`` of ``o``.
@@ -421,7 +441,8 @@ def _fwd_out_kernel(q_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean_ptr, o_pt
                                mask_n, mask_i, stride_qn, stride_qd)
     rope = ((q_even, q_even, q_even, q_even), (q_even, q_even, q_even, q_even))  # unused without RoPE
     if HAS_ROPE:
-        rope = _load_rope(sin_ptr, cos_ptr, offs_n, offs_i, mask_n, mask_i, HEAD_DIM)
+        rope = _load_rope(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, rope_stride_lo,
+                          rope_stride_hi, offs_n, offs_i, mask_n, mask_i, ROPE_GRID)
     _, _, _, _, _, _, num, den = _query_stream(
         q_even, q_odd, stream, head, bh, num_heads, eps, temp_ptr, state_ptr, mean_ptr, rope,
         offs_i, mask_i, mask_n, HEAD_DIM, BLOCK_D, HAS_ROPE, PRECISION)
@@ -436,13 +457,14 @@ def _fwd_out_kernel(q_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean_ptr, o_pt
 
 @_autotune
 @triton.jit
-def _bwd_state_kernel(q_ptr, do_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean_ptr,
+def _bwd_state_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
+                      rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr,
                       dstate_part_ptr, dmean_part_ptr,
                       seq_len, num_heads, chunk_len, eps,
                       stride_qb, stride_qh, stride_qn, stride_qd,
                       stride_gb, stride_gh, stride_gn, stride_gd,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                      PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                      ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """Chunk partial sums of ``dS_s = R(phi_q)^T dnum`` and ``dm_s = phi_q^T dden``.
 
     Grid ``(num_chunks * 2, B * h)``. Writes ``dstate_part[bh, chunk, stream]``
@@ -468,7 +490,8 @@ def _bwd_state_kernel(q_ptr, do_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean
         q_even, q_odd = _load_pair(q_base, offs_n, offs_i, mask_n, mask_i, stride_qn, stride_qd)
         rope = ((q_even, q_even, q_even, q_even), (q_even, q_even, q_even, q_even))
         if HAS_ROPE:
-            rope = _load_rope(sin_ptr, cos_ptr, offs_n, offs_i, mask_n, mask_i, HEAD_DIM)
+            rope = _load_rope(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, rope_stride_lo,
+                          rope_stride_hi, offs_n, offs_i, mask_n, mask_i, ROPE_GRID)
         _, _, feats, rotated, _, _, num, den = _query_stream(
             q_even, q_odd, stream, head, bh, num_heads, eps, temp_ptr, state_ptr, mean_ptr, rope,
             offs_i, mask_i, mask_n, HEAD_DIM, BLOCK_D, HAS_ROPE, PRECISION)
@@ -518,14 +541,15 @@ def _query_stream_grad(q_even, q_odd, grad, stream, head, bh, num_heads, eps, te
 
 @_autotune
 @triton.jit
-def _bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean_ptr,
+def _bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
+                      rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr,
                       dq_ptr, dtemp_part_ptr,
                       seq_len, num_heads, chunk_len, eps,
                       stride_qb, stride_qh, stride_qn, stride_qd,
                       stride_gb, stride_gh, stride_gn, stride_gd,
                       stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                      PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                      ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """``dq`` (both streams) and chunk partial sums of the temperature gradients.
 
     Grid ``(num_chunks, B * h)``. Writes ``dq`` and ``dtemp_part[bh, chunk, stream]`` ``(4, BLOCK_D)``.
@@ -551,7 +575,8 @@ def _bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean
         q_even, q_odd = _load_pair(q_base, offs_n, offs_i, mask_n, mask_i, stride_qn, stride_qd)
         rope = ((q_even, q_even, q_even, q_even), (q_even, q_even, q_even, q_even))
         if HAS_ROPE:
-            rope = _load_rope(sin_ptr, cos_ptr, offs_n, offs_i, mask_n, mask_i, HEAD_DIM)
+            rope = _load_rope(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, rope_stride_lo,
+                          rope_stride_hi, offs_n, offs_i, mask_n, mask_i, ROPE_GRID)
         grad_same = _load_cols(do_base, offs_n, offs_i, mask_n, mask_i, stride_gn, stride_gd)
         grad_opp = _load_cols(do_base + half * stride_gd, offs_n, offs_i, mask_n, mask_i,
                               stride_gn, stride_gd)
@@ -575,14 +600,15 @@ def _bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_ptr, cos_ptr, state_ptr, mean
 
 @_autotune
 @triton.jit
-def _bwd_key_value_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, dstate_ptr, dmean_ptr, dk_ptr, dv_ptr,
+def _bwd_key_value_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
+                          rope_width, rope_stride_lo, rope_stride_hi, dstate_ptr, dmean_ptr, dk_ptr, dv_ptr,
                           seq_len, num_heads,
                           stride_kb, stride_kh, stride_kn, stride_kd,
                           stride_vb, stride_vh, stride_vn, stride_vd,
                           stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                           stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                          PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                          ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """``dk`` and ``dv`` for one token tile.
 
     ``dstate`` holds ``dS_s / N`` ``(B h, 2, 4, BLOCK_D, BLOCK_D)``, ``dmean`` holds
@@ -605,7 +631,8 @@ def _bwd_key_value_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, dstate_ptr, dmean_ptr,
     rotated = feats
     rope = ((k_even, k_even, k_even, k_even), (k_even, k_even, k_even, k_even))
     if HAS_ROPE:
-        rope = _load_rope(sin_ptr, cos_ptr, offs_n, offs_i, mask_n, mask_i, HEAD_DIM)
+        rope = _load_rope(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, rope_stride_lo,
+                          rope_stride_hi, offs_n, offs_i, mask_n, mask_i, ROPE_GRID)
         rotated = _rotate_quads(feats, rope, False)
 
     # dR(phi_k) = sum_s v_s dS_s^T / N;  dv_s = R(phi_k) dS_s / N.
@@ -679,37 +706,41 @@ def _precision(q: Tensor) -> str:
     return 'tf32x3' if q.dtype == torch.float32 else 'tf32'
 
 
-def _rope_args(rope, q):
-    """Contiguous ``(sin, cos)`` tables, or ``q`` as an unused placeholder pointer."""
-    if rope is None:
-        return q, q, False
-    sin, cos = rope
-    return sin.contiguous(), cos.contiguous(), True
+def _rope_args(sin_lo, cos_lo, sin_hi, cos_hi, rope_width, q):
+    """Kernel arguments of the RoPE tables (``q`` as an unused placeholder pointer without
+    RoPE) and the ``HAS_ROPE``/``ROPE_GRID`` flags."""
+    if sin_lo is None:
+        return (q, q, q, q, 0, 0, 0), dict(HAS_ROPE=False, ROPE_GRID=False)
+    args = (sin_lo, cos_lo, sin_hi, cos_hi, max(rope_width, 1), sin_lo.stride(0), sin_hi.stride(0))
+    return args, dict(HAS_ROPE=True, ROPE_GRID=rope_width > 0)
 
 
 def _forward(q, k, v, temps, rope, eps):
     """Returns ``o`` ``(B, h, N, d)`` in q's dtype, ``state`` ``(B h, 2, 4, BD, BD)`` and
-    ``mean`` ``(B h, 4, BD)`` (fp32, already divided by N)."""
+    ``mean`` ``(B h, 4, BD)`` (fp32, already divided by N).
+
+    ``rope``: ``None`` or ``(sin_lo, cos_lo, sin_hi, cos_hi, rope_width)`` (see :func:`_load_rope`).
+    """
     batch, heads, seq_len, head_dim = q.shape
     bd = _block_d(head_dim)
     bh = batch * heads
     temps = temps.contiguous()
-    sin, cos, has_rope = _rope_args(rope, q)
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, HAS_ROPE=has_rope, PRECISION=_precision(q))
+    rope_args, rope_meta = _rope_args(*(rope or (None,) * 5), q)
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, PRECISION=_precision(q), **rope_meta)
     chunk_len = _chunk_len(seq_len, _NUM_STREAMS * bh, q.device)
     num_chunks = triton.cdiv(seq_len, chunk_len)
     f32 = dict(device=q.device, dtype=torch.float32)
     state_part = torch.empty(bh, num_chunks, _NUM_STREAMS, _NUM_QUADS, bd, bd, **f32)
     mean_part = torch.empty(bh, num_chunks, _NUM_QUADS, bd, **f32)
     _fwd_state_kernel[(num_chunks * _NUM_STREAMS, bh)](
-        k, v, sin, cos, state_part, mean_part, seq_len, heads, chunk_len,
+        k, v, *rope_args, state_part, mean_part, seq_len, heads, chunk_len,
         *_strides(k), *_strides(v), **meta)
     state = state_part.sum(dim=1) / seq_len
     mean = mean_part.sum(dim=1) / seq_len
 
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     grid = lambda cfg: (triton.cdiv(seq_len, cfg['BLOCK_N']) * _NUM_STREAMS, bh)  # noqa: E731
-    _fwd_out_kernel[grid](q, temps, sin, cos, state, mean, out, seq_len, heads, eps,
+    _fwd_out_kernel[grid](q, temps, *rope_args, state, mean, out, seq_len, heads, eps,
                           *_strides(q), *_strides(out), **meta)
     return out, state, mean
 
@@ -720,8 +751,8 @@ def _backward(grad_out, q, k, v, temps, rope, state, mean, eps, needs_query, nee
     bd = _block_d(head_dim)
     bh = batch * heads
     temps = temps.contiguous()
-    sin, cos, has_rope = _rope_args(rope, q)
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, HAS_ROPE=has_rope, PRECISION=_precision(q))
+    rope_args, rope_meta = _rope_args(*(rope or (None,) * 5), q)
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=bd, PRECISION=_precision(q), **rope_meta)
     f32 = dict(device=q.device, dtype=torch.float32)
     dq = dk = dv = dtemps = None
 
@@ -731,7 +762,7 @@ def _backward(grad_out, q, k, v, temps, rope, state, mean, eps, needs_query, nee
         dstate_part = torch.empty(bh, num_chunks, _NUM_STREAMS, _NUM_QUADS, bd, bd, **f32)
         dmean_part = torch.empty(bh, num_chunks, _NUM_STREAMS, _NUM_QUADS, bd, **f32)
         _bwd_state_kernel[(num_chunks * _NUM_STREAMS, bh)](
-            q, grad_out, temps, sin, cos, state, mean, dstate_part, dmean_part,
+            q, grad_out, temps, *rope_args, state, mean, dstate_part, dmean_part,
             seq_len, heads, chunk_len, eps, *_strides(q), *_strides(grad_out), **meta)
         dstate = dstate_part.sum(dim=1) / seq_len              # dL/d(R(phi_k)^T v) = dS / N
         dmean = dmean_part.sum(dim=(1, 2)) / seq_len           # dL/d(sum_n phi_k) = dm / N
@@ -739,7 +770,7 @@ def _backward(grad_out, q, k, v, temps, rope, state, mean, eps, needs_query, nee
         dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
         grid = lambda cfg: (triton.cdiv(seq_len, cfg['BLOCK_N']), bh)  # noqa: E731
         _bwd_key_value_kernel[grid](
-            k, v, sin, cos, dstate, dmean, dk, dv, seq_len, heads,
+            k, v, *rope_args, dstate, dmean, dk, dv, seq_len, heads,
             *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), **meta)
 
     if needs_query:
@@ -748,7 +779,7 @@ def _backward(grad_out, q, k, v, temps, rope, state, mean, eps, needs_query, nee
         dtemp_part = torch.empty(bh, num_chunks, _NUM_STREAMS, _NUM_QUADS, bd, **f32)
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         _bwd_query_kernel[(num_chunks, bh)](
-            q, grad_out, temps, sin, cos, state, mean, dq, dtemp_part,
+            q, grad_out, temps, *rope_args, state, mean, dq, dtemp_part,
             seq_len, heads, chunk_len, eps, *_strides(q), *_strides(grad_out), *_strides(dq), **meta)
         dtemp_quads = dtemp_part.sum(dim=1).view(batch, heads, _NUM_STREAMS, _NUM_QUADS, bd).sum(dim=0)
         dtemps = _quads_to_channels(dtemp_quads, head_dim).transpose(0, 1).contiguous()  # (2, h, 2d)
@@ -762,31 +793,39 @@ def _backward(grad_out, q, k, v, temps, rope, state, mean, eps, needs_query, nee
 _OP_NAMESPACE = 'polaformerpp'
 
 
-def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, temps: Tensor, sin: Optional[Tensor],
-              cos: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+def _rope_or_none(sin_lo, cos_lo, sin_hi, cos_hi, rope_width):
+    return None if sin_lo is None else (sin_lo, cos_lo, sin_hi, cos_hi, rope_width)
+
+
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, temps: Tensor, sin_lo: Optional[Tensor],
+              cos_lo: Optional[Tensor], sin_hi: Optional[Tensor], cos_hi: Optional[Tensor],
+              rope_width: int, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, state, mean)``; ``temps`` is the fp32 ``(2, h, 2d)`` stack of both temperatures."""
-    return _forward(q, k, v, temps, None if sin is None else (sin, cos), eps)
+    return _forward(q, k, v, temps, _rope_or_none(sin_lo, cos_lo, sin_hi, cos_hi, rope_width), eps)
 
 
-def _fwd_fake(q, k, v, temps, sin, cos, eps):
+def _fwd_fake(q, k, v, temps, sin_lo, cos_lo, sin_hi, cos_hi, rope_width, eps):
     bh, bd = q.shape[0] * q.shape[1], _block_d(q.shape[-1])
     return (q.new_empty(q.shape),
             q.new_empty((bh, _NUM_STREAMS, _NUM_QUADS, bd, bd), dtype=torch.float32),
             q.new_empty((bh, _NUM_QUADS, bd), dtype=torch.float32))
 
 
-def _bwd_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, temps: Tensor, sin: Optional[Tensor],
-              cos: Optional[Tensor], state: Tensor, mean: Tensor, eps: float, needs_query: bool,
+def _bwd_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, temps: Tensor, sin_lo: Optional[Tensor],
+              cos_lo: Optional[Tensor], sin_hi: Optional[Tensor], cos_hi: Optional[Tensor], rope_width: int,
+              state: Tensor, mean: Tensor, eps: float, needs_query: bool,
               needs_key_value: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dtemps)``; gradients that are not needed come back empty."""
-    dq, dk, dv, dtemps = _backward(grad_out, q, k, v, temps, None if sin is None else (sin, cos),
+    dq, dk, dv, dtemps = _backward(grad_out, q, k, v, temps,
+                                   _rope_or_none(sin_lo, cos_lo, sin_hi, cos_hi, rope_width),
                                    state, mean, eps, needs_query, needs_key_value)
     empty = q.new_empty(0)
     return (empty if dq is None else dq, empty if dk is None else dk, empty if dv is None else dv,
             empty if dtemps is None else dtemps)
 
 
-def _bwd_fake(grad_out, q, k, v, temps, sin, cos, state, mean, eps, needs_query, needs_key_value):
+def _bwd_fake(grad_out, q, k, v, temps, sin_lo, cos_lo, sin_hi, cos_hi, rope_width, state, mean, eps,
+              needs_query, needs_key_value):
     empty = q.new_empty(0)
     return (q.new_empty(q.shape) if needs_query else empty,
             k.new_empty(k.shape) if needs_key_value else empty,
@@ -795,21 +834,22 @@ def _bwd_fake(grad_out, q, k, v, temps, sin, cos, state, mean, eps, needs_query,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, temps, sin, cos, eps = inputs
+    q, k, v, temps, sin_lo, cos_lo, sin_hi, cos_hi, rope_width, eps = inputs
     _, state, mean = output
-    ctx.save_for_backward(q, k, v, temps, sin, cos, state, mean)
+    ctx.save_for_backward(q, k, v, temps, sin_lo, cos_lo, sin_hi, cos_hi, state, mean)
     ctx.mark_non_differentiable(state, mean)
     ctx.eps = eps
+    ctx.rope_width = rope_width
 
 
 def _fwd_backward(ctx, grad_out, grad_state, grad_mean):
-    q, k, v, temps, sin, cos, state, mean = ctx.saved_tensors
+    q, k, v, temps, sin_lo, cos_lo, sin_hi, cos_hi, state, mean = ctx.saved_tensors
     needs = ctx.needs_input_grad
     needs_query, needs_key_value = needs[0] or needs[3], needs[1] or needs[2]
-    dq, dk, dv, dtemps = _bwd_op()(grad_out, q, k, v, temps, sin, cos, state, mean, ctx.eps,
-                                   needs_query, needs_key_value)
+    dq, dk, dv, dtemps = _bwd_op()(grad_out, q, k, v, temps, sin_lo, cos_lo, sin_hi, cos_hi, ctx.rope_width,
+                                   state, mean, ctx.eps, needs_query, needs_key_value)
     return (dq if needs_query else None, dk if needs_key_value else None,
-            dv if needs_key_value else None, dtemps if needs_query else None, None, None, None)
+            dv if needs_key_value else None, dtemps if needs_query else None) + (None,) * 6
 
 
 def _register_ops():
@@ -847,7 +887,7 @@ _IO_POINTERS = ('q_ptr', 'k_ptr', 'v_ptr', 'o_ptr', 'do_ptr', 'dq_ptr', 'dk_ptr'
 
 def compile_kernels_for_target(head_dim: int, dtype: str = 'bf16', has_rope: bool = True,
                                capability: int = 90, block_n: int = 32, num_warps: int = 4,
-                               num_stages: int = 1) -> dict:
+                               num_stages: int = 1, rope_grid: bool = False) -> dict:
     """Compile every kernel ahead of time for a CUDA target; no GPU needed (needs ptxas).
 
     Lets CI check that the kernels build for a real device, which the
@@ -856,6 +896,7 @@ def compile_kernels_for_target(head_dim: int, dtype: str = 'bf16', has_rope: boo
     Args:
         head_dim: ``d``. dtype: ``'fp32'``, ``'fp16'`` or ``'bf16'`` (of q/k/v/o).
         capability: e.g. 90 for sm_90 (H100/H200), 80 for A100.
+        rope_grid: RoPE from row/column tables (``RopeGrid``) instead of ``(N, 2d)`` tables.
 
     Returns:
         dict: kernel name -> ``triton.compiler.CompiledKernel`` (``.asm['ptx']``, ...).
@@ -867,7 +908,7 @@ def compile_kernels_for_target(head_dim: int, dtype: str = 'bf16', has_rope: boo
 
     precision = 'tf32x3' if dtype == 'fp32' else 'tf32'
     constants = dict(HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_ROPE=has_rope,
-                     PRECISION=precision, BLOCK_N=block_n)
+                     ROPE_GRID=has_rope and rope_grid, PRECISION=precision, BLOCK_N=block_n)
     compiled = {}
     for name in _KERNELS:
         fn = globals()[name].fn  # the JITFunction under the autotuner
@@ -900,30 +941,44 @@ def _check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     if v.shape[-1] != q.shape[-1]:
         raise ValueError(f"backend='triton' needs the head dim of v ({v.shape[-1]}) to equal the head "
                          f"dim of q ({q.shape[-1]}) (use backend='torch')")
-    tensors = [k, v, temp_same, temp_opp] + ([] if rope is None else list(rope))
+    tensors = [k, v, temp_same, temp_opp] + (list(rope) if isinstance(rope, (tuple, list)) and
+                                             not isinstance(rope, RopeGrid) else [])
     if any(t.device != q.device for t in tensors):
         raise ValueError('q, k, v, temp_same, temp_opp and rope must all be on the same device, '
                          f'q is on {q.device}')
 
 
+def _rope_tables(rope, head_dim: int, device: torch.device) -> Tuple[Optional[Tensor], ...]:
+    """``(sin_lo, cos_lo, sin_hi, cos_hi, rope_width)`` for the kernels (see :func:`_load_rope`)."""
+    if rope is None:
+        return None, None, None, None, 0
+    if isinstance(rope, RopeGrid):
+        row_sin, row_cos, col_sin, col_cos = pola_rope_factors(*rope, head_dim, device=device)
+        return row_sin, row_cos, col_sin, col_cos, rope.width
+    sin, cos = (t.detach() if t.stride(-1) == 1 else t.detach().contiguous() for t in rope)
+    return sin[:, :head_dim], cos[:, :head_dim], sin[:, head_dim:], cos[:, head_dim:], 0
+
+
 def pola_attention_triton(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                          rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6) -> Tensor:
+                          rope=None, eps: float = 1e-6) -> Tensor:
     """Fused Triton implementation of :func:`~polaformerpp.ops.pola_attention`.
 
     Args:
         q, k, v: ``(B, h, N, d)``, any strides, fp32/fp16/bf16, ``d`` even
             (``v``'s head dim must equal ``d``).
         temp_same, temp_opp: ``(h, 2d)`` temperatures (already sigmoid'ed).
-        rope: ``None`` or ``(sin, cos)`` tables, each ``(N, 2d)`` (not differentiated).
+        rope: ``None``, a ``RopeGrid(H, W)`` (kernels read ``(H, d)`` row and
+            ``(W, d)`` column tables) or ``(sin, cos)`` tables, each ``(N, 2d)``
+            (not differentiated).
         eps: added to the denominator.
 
     Returns:
         Tensor: ``(B, h, N, d)`` contiguous, in ``q``'s dtype.
     """
     _check_triton_inputs(q, k, v, temp_same, temp_opp, rope)
-    sin, cos = (None, None) if rope is None else (rope[0].detach().contiguous(), rope[1].detach().contiguous())
+    rope_tables = _rope_tables(rope, q.shape[-1], q.device)
     # Stacking/casting the temperatures outside the op lets autograd route dtemps back to
     # both (in their own dtypes).
     temps = torch.stack([temp_same, temp_opp]).to(torch.float32)  # (2, h, 2d)
-    out, _, _ = _fwd_op()(q, k, v, temps, sin, cos, float(eps))
+    out, _, _ = _fwd_op()(q, k, v, temps, *rope_tables, float(eps))
     return out

@@ -9,12 +9,25 @@ The polarity-aware linear attention rotates its 2d-channel feature maps
 (``channels = 2 * head_dim``); the softmax attention of the late stages rotates
 q and k themselves (``channels = head_dim``).
 """
-from typing import Optional, Tuple
+from typing import NamedTuple, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ['rope_frequencies', 'rope_2d_tables', 'pola_rope_tables', 'apply_rope']
+__all__ = ['rope_frequencies', 'rope_2d_tables', 'pola_rope_tables', 'pola_rope_factors', 'RopeGrid',
+           'apply_rope']
+
+
+class RopeGrid(NamedTuple):
+    """The 2-D RoPE of :func:`pola_rope_tables` on a ``height x width`` token grid, by its size.
+
+    Passed as ``rope=RopeGrid(H, W)`` to :func:`~polaformerpp.ops.pola_attention`,
+    it gives the same rotation as ``rope=pola_rope_tables(H, W, d)``, but the
+    backends read per-row and per-column tables (:func:`pola_rope_factors`,
+    ``O((H + W) d)``) instead of two ``(H W, 2d)`` tables.
+    """
+    height: int
+    width: int
 
 
 def rope_frequencies(channels: int, device=None) -> Tensor:
@@ -78,3 +91,25 @@ def apply_rope(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
     x0, x1 = x[..., 0::2], x[..., 1::2]
     rotated = torch.stack([-x1, x0], dim=-1).flatten(-2)
     return x * cos + rotated * sin
+
+
+def pola_rope_factors(height: int, width: int, head_dim: int, device=None,
+                      dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Separable form of :func:`pola_rope_tables`: row and column tables.
+
+    Token ``n = row * width + col`` of ``pola_rope_tables(height, width,
+    head_dim)`` has ``sin[n, :head_dim] == row_sin[row]`` and ``sin[n,
+    head_dim:] == col_sin[col]`` (same for cos), value for value.
+
+    Returns:
+        tuple[Tensor, Tensor, Tensor, Tensor]: ``row_sin``, ``row_cos``
+        ``(height, head_dim)`` and ``col_sin``, ``col_cos`` ``(width, head_dim)``.
+    """
+    if head_dim % 2 != 0 or head_dim <= 0:
+        raise ValueError(f'head_dim must be a positive even number, got {head_dim}')
+    freqs = rope_frequencies(2 * head_dim, device=device)  # (head_dim,)
+    tables = []
+    for size in (height, width):
+        angle = torch.arange(size, device=device, dtype=torch.float32)[:, None] * freqs[None, :]
+        tables += [angle.sin().to(dtype), angle.cos().to(dtype)]
+    return tuple(tables)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 
-from polaformerpp.ops import available_backends, pola_attention, pola_rope_tables  # noqa: E402
+from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_rope_tables  # noqa: E402
 
 BACKENDS = ('pola-torch', 'pola-cpu', 'pola-triton', 'sdpa', 'naive')
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
@@ -59,6 +59,9 @@ def parse_args(argv=None):
                         help='default: fp32 on CPU, bf16 on CUDA')
     parser.add_argument('--backends', nargs='+', choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument('--no-rope', action='store_true', help='pola backends without the 2-D RoPE')
+    parser.add_argument('--rope-form', choices=('grid', 'tables'), default='grid',
+                        help='how the pola backends get the RoPE: RopeGrid(H, W) (row/column tables, what '
+                             'the backbone passes) or two (N, 2d) tables (the naive code always uses tables)')
     parser.add_argument('--backward', action='store_true', help='time forward + backward')
     parser.add_argument('--repeat', type=int, default=10, help='timed runs per cell (median reported)')
     parser.add_argument('--warmup', type=int, default=2)
@@ -101,7 +104,11 @@ def grid_shape(num_tokens):
 
 
 def make_inputs(batch, heads, num_tokens, head_dim, dtype, device, rope, requires_grad):
-    """``q, k, v`` ``(B, h, N, d)``, sigmoid'ed temperatures ``(h, 2d)`` fp32, RoPE tables or None."""
+    """``q, k, v`` ``(B, h, N, d)``, sigmoid'ed temperatures ``(h, 2d)`` fp32, RoPE tables or None.
+
+    ``rope``: ``'off'``, ``'grid'`` or ``'tables'`` (tables are made for both forms: the naive code
+    reads them).
+    """
     gen = torch.Generator(device='cpu').manual_seed(0)
 
     def rand(*shape, scale=1.0):
@@ -113,7 +120,7 @@ def make_inputs(batch, heads, num_tokens, head_dim, dtype, device, rope, require
     if requires_grad:
         for t in tensors:
             t.requires_grad_()
-    tables = pola_rope_tables(*grid_shape(num_tokens), head_dim, device=device) if rope else None
+    tables = pola_rope_tables(*grid_shape(num_tokens), head_dim, device=device) if rope != 'off' else None
     return tensors, tables
 
 
@@ -175,11 +182,13 @@ def pick_sdpa_backend(device, dtype, head_dim):
     raise RuntimeError('no SDPA backend accepts these inputs')
 
 
-def build_call(backend, inputs, rope, sdpa_backend=None):
-    """A zero-argument callable running one backend on ``inputs``."""
+def build_call(backend, inputs, rope, sdpa_backend=None, rope_form='tables'):
+    """A zero-argument callable running one backend on ``inputs`` (``rope``: tables or None)."""
     q, k, v, temp_same, temp_opp = inputs
     if backend in ('pola-torch', 'pola-cpu', 'pola-triton'):
         impl = backend.split('-')[1]
+        if rope is not None and rope_form == 'grid':
+            rope = RopeGrid(*grid_shape(q.shape[-2]))
         return lambda: pola_attention(q, k, v, temp_same, temp_opp, rope=rope, backend=impl)
     if backend == 'naive':
         return lambda: naive_pola_attention(q, k, v, temp_same, temp_opp, rope)
@@ -279,7 +288,7 @@ def measure_cell(cell):
             result['note'], sdpa_backend = pick_sdpa_backend(device, dtype, cell['head_dim'])
         inputs, rope = make_inputs(cell['batch'], cell['heads'], cell['seq_len'], cell['head_dim'],
                                    dtype, device, cell['rope'], cell['backward'])
-        call = build_call(cell['backend'], inputs, rope, sdpa_backend)
+        call = build_call(cell['backend'], inputs, rope, sdpa_backend, cell['rope'])
         if device.type == 'cuda':
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
@@ -384,12 +393,13 @@ def check_equal_outputs(args, device):
     num_tokens = min(min(args.seq_lens), 4096)
     for dtype_name in args.dtypes:
         inputs, rope = make_inputs(1, args.heads[0], num_tokens, args.head_dims[0], DTYPES[dtype_name],
-                                   device, not args.no_rope, False)
-        reference = build_call('pola-torch', inputs, rope)().float()
+                                   device, rope_setting(args), False)
+        reference = build_call('pola-torch', inputs, rope)().float()  # with the (N, 2d) tables
         for backend in ('naive', 'pola-cpu', 'pola-triton'):
             if backend not in args.backends:
                 continue
-            diff = (build_call(backend, inputs, rope)().float() - reference).abs().max().item()
+            diff = (build_call(backend, inputs, rope, rope_form=args.rope_form)().float()
+                    - reference).abs().max().item()
             rel = diff / reference.abs().max().item()
             lines.append(f'{backend} vs pola-torch ({dtype_name}, N={num_tokens}): max |diff| = '
                          f'{diff:.2e} (relative {rel:.1e})')
@@ -439,6 +449,10 @@ def write_plot(path, results):
     return True
 
 
+def rope_setting(args):
+    return 'off' if args.no_rope else args.rope_form
+
+
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -458,7 +472,7 @@ def main(argv=None):
     name = torch.cuda.get_device_name(device) if cuda else f'CPU ({torch.get_num_threads()} threads)'
     print(f'device: {name}' + (f', peak {peak_gbps:.0f} GB/s' if peak_gbps else '')
           + f"; {'forward + backward' if args.backward else 'forward'}; "
-          f"rope {'off' if args.no_rope else 'on'} (pola backends); median of {args.repeat}")
+          f"rope {rope_setting(args)} (pola backends); median of {args.repeat}")
     for line in check_equal_outputs(args, device):
         print(line)
 
@@ -474,7 +488,7 @@ def main(argv=None):
                     for seq_len in args.seq_lens:
                         for backend in backends:
                             cell = dict(backend=backend, dtype=dtype_name, batch=batch, heads=heads,
-                                        head_dim=head_dim, seq_len=seq_len, rope=not args.no_rope,
+                                        head_dim=head_dim, seq_len=seq_len, rope=rope_setting(args),
                                         backward=args.backward, device=str(device),
                                         repeat=args.repeat, warmup=args.warmup, threads=args.threads)
                             result = measure_cell_isolated(cell) if isolate else measure_cell(cell)

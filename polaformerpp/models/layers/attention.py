@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from polaformerpp.ops import pola_attention, pola_rope_tables, rope_2d_tables
+from polaformerpp.ops import RopeGrid, pola_attention, rope_2d_tables
 from polaformerpp.ops.rope import apply_rope
 
 __all__ = ['PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer']
@@ -89,7 +89,7 @@ class PolaLinearAttention(_GatedAttentionBase):
         """``(B, H, W, C) -> (B, H, W, C)``."""
         B, H, W, C = x.shape
         q, k, v, gate, v_image = self._split(x)
-        rope = pola_rope_tables(H, W, self.head_dim, device=x.device) if self.use_rope else None
+        rope = RopeGrid(H, W) if self.use_rope else None  # the backends build the rotation
         out = pola_attention(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
                              rope=rope, backend=self.backend)
         return self._merge(out, v_image, gate)

@@ -12,7 +12,11 @@
 //   q, k          (B, h, n, d)
 //   signed_temps  (h, 4, d)   rows [ts+, -ts-, -to+, to-] (see _signed_temperatures)
 //   key_mean      (B, h, 2d)
-//   sin, cos      (n, 2d)     RoPE tables; channels 2i and 2i+1 share one angle
+//   RoPE, per half of the 2d feature channels: sin_lo/cos_lo rotate channels
+//   [0, d), sin_hi/cos_hi channels [d, 2d); each (rows, d), channels 2i and
+//   2i+1 share one angle. With grid_width == 0 token i reads row i of both
+//   (the halves of (n, 2d) tables); with grid_width == W token t = offset + i
+//   reads row t / W of the lo and row t % W of the hi tables (RopeGrid).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -64,12 +68,38 @@ inline float expm1_nonneg(float a) {
     return a != a ? a : result;
 }
 
+// The RoPE rows of one token: sin/cos of channels [0, d) and [d, 2d).
+struct RopeRows {
+    const float* sin_lo;
+    const float* cos_lo;
+    const float* sin_hi;
+    const float* cos_hi;
+};
+
+// out = scale * R(f) for the d channels of one half (d/2 pairs, one angle each).
+inline void rotate_half(const float* f, const float* sin, const float* cos, int64_t d, float scale,
+                        float* out) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+        float c = cos[2 * i] * scale, s = sin[2 * i] * scale;
+        float f0 = f[2 * i], f1 = f[2 * i + 1];
+        out[2 * i] = f0 * c - f1 * s;
+        out[2 * i + 1] = f1 * c + f0 * s;
+    }
+}
+
+inline bool pairs_share_angles(const float* sin, const float* cos, int64_t d) {
+    bool paired = true;
+    for (int64_t i = 0; i < d / 2; ++i)
+        paired &= (cos[2 * i] == cos[2 * i + 1]) & (sin[2 * i] == sin[2 * i + 1]);
+    return paired;
+}
+
 // One token of the key map: phi = [exp(k+) - 1, exp(k-) - 1] (2d), its sum
-// into `feature_sum` and R(phi) into `out` (phi itself when sin == nullptr).
+// into `feature_sum` and R(phi) into `out` (phi itself without `rope`).
 // Returns false when a RoPE pair holds two different angles.
 POLA_MULTIVERSION
-bool key_row(const float* k, const float* sin, const float* cos, int64_t d,
-             float* feature, float* feature_sum, float* out) {
+bool key_row(const float* k, const RopeRows* rope, int64_t d, float* feature, float* feature_sum,
+             float* out) {
     for (int64_t j = 0; j < d; ++j) {
         float x = k[j];
         float e = expm1_nonneg(x < 0.0f ? -x : x);
@@ -78,19 +108,13 @@ bool key_row(const float* k, const float* sin, const float* cos, int64_t d,
         feature[d + j] = !(x >= 0.0f) ? e : 0.0f;
     }
     for (int64_t j = 0; j < 2 * d; ++j) feature_sum[j] += feature[j];
-    if (sin == nullptr) {
+    if (rope == nullptr) {
         std::memcpy(out, feature, 2 * d * sizeof(float));
         return true;
     }
-    bool paired = true;
-    for (int64_t i = 0; i < d; ++i) {
-        float c = cos[2 * i], s = sin[2 * i];
-        paired &= (c == cos[2 * i + 1]) & (s == sin[2 * i + 1]);
-        float f0 = feature[2 * i], f1 = feature[2 * i + 1];
-        out[2 * i] = f0 * c - f1 * s;
-        out[2 * i + 1] = f1 * c + f0 * s;
-    }
-    return paired;
+    rotate_half(feature, rope->sin_lo, rope->cos_lo, d, 1.0f, out);
+    rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, 1.0f, out + d);
+    return pairs_share_angles(rope->sin_lo, rope->cos_lo, d) && pairs_share_angles(rope->sin_hi, rope->cos_hi, d);
 }
 
 // One token of both query maps. Stream s (0 same, 1 opposite) has the signed
@@ -101,9 +125,8 @@ bool key_row(const float* k, const float* sin, const float* cos, int64_t d,
 // divides each row by its denominator, so scaling the row before the product
 // with the state gives the stream's output directly.
 POLA_MULTIVERSION
-void query_row(const float* q, const float* signed_temps, const float* key_mean,
-               const float* sin, const float* cos, int64_t d, float eps,
-               float* feature, float* out) {
+void query_row(const float* q, const float* signed_temps, const float* key_mean, const RopeRows* rope,
+               int64_t d, float eps, float* feature, float* out) {
     for (int64_t s = 0; s < 2; ++s) {
         const float* t1 = signed_temps + (2 * s) * d;
         const float* t2 = signed_temps + (2 * s + 1) * d;
@@ -118,16 +141,12 @@ void query_row(const float* q, const float* signed_temps, const float* key_mean,
         for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
         const float inv_den = 1.0f / (dot + eps);
         float* o = out + s * 2 * d;
-        if (sin == nullptr) {
+        if (rope == nullptr) {
             for (int64_t j = 0; j < 2 * d; ++j) o[j] = feature[j] * inv_den;
             continue;
         }
-        for (int64_t i = 0; i < d; ++i) {
-            float c = cos[2 * i] * inv_den, sn = sin[2 * i] * inv_den;
-            float f0 = feature[2 * i], f1 = feature[2 * i + 1];
-            o[2 * i] = f0 * c - f1 * sn;
-            o[2 * i + 1] = f1 * c + f0 * sn;
-        }
+        rotate_half(feature, rope->sin_lo, rope->cos_lo, d, inv_den, o);
+        rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, inv_den, o + d);
     }
 }
 
@@ -138,16 +157,54 @@ void check_float_rows(const torch::Tensor& t, const char* name, int64_t dim) {
     TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dim");
 }
 
-bool has_rope(const c10::optional<torch::Tensor>& sin, const c10::optional<torch::Tensor>& cos,
-              int64_t n, int64_t d) {
-    TORCH_CHECK(sin.has_value() == cos.has_value(), "sin and cos must be given together");
-    if (!sin.has_value()) return false;
-    for (const auto* t : {&sin.value(), &cos.value()}) {
-        check_float_rows(*t, "sin/cos", 2);
-        TORCH_CHECK(t->size(0) == n && t->size(1) == 2 * d, "sin/cos must have shape (n, 2d) = (",
-                    n, ", ", 2 * d, "), got ", t->sizes());
+// The RoPE tables of a call: lo/hi halves, each (rows, d) with its row stride.
+struct RopeTables {
+    bool present = false;
+    const float* sin_lo = nullptr;
+    const float* cos_lo = nullptr;
+    const float* sin_hi = nullptr;
+    const float* cos_hi = nullptr;
+    int64_t stride_lo = 0, stride_hi = 0, grid_width = 0, offset = 0;
+
+    RopeRows rows(int64_t i) const {
+        const int64_t lo = grid_width ? (offset + i) / grid_width : i;
+        const int64_t hi = grid_width ? (offset + i) % grid_width : i;
+        return {sin_lo + lo * stride_lo, cos_lo + lo * stride_lo, sin_hi + hi * stride_hi,
+                cos_hi + hi * stride_hi};
     }
-    return true;
+};
+
+RopeTables rope_tables(const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
+                       const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
+                       int64_t grid_width, int64_t offset, int64_t n, int64_t d) {
+    RopeTables r;
+    const bool any = sin_lo.has_value() || cos_lo.has_value() || sin_hi.has_value() || cos_hi.has_value();
+    if (!any) return r;
+    TORCH_CHECK(sin_lo.has_value() && cos_lo.has_value() && sin_hi.has_value() && cos_hi.has_value(),
+                "the four RoPE tables must be given together");
+    TORCH_CHECK(grid_width >= 0 && offset >= 0, "grid_width and offset must be non-negative");
+    for (const auto* t : {&sin_lo.value(), &cos_lo.value(), &sin_hi.value(), &cos_hi.value()}) {
+        check_float_rows(*t, "RoPE table", 2);
+        TORCH_CHECK(t->size(1) == d, "RoPE tables must have d = ", d, " channels, got ", t->sizes());
+    }
+    TORCH_CHECK(sin_lo->sizes() == cos_lo->sizes() && sin_lo->stride(0) == cos_lo->stride(0) &&
+                sin_hi->sizes() == cos_hi->sizes() && sin_hi->stride(0) == cos_hi->stride(0),
+                "sin and cos tables must have the same shapes and strides");
+    const int64_t last = offset + n - 1;
+    const int64_t lo_rows = grid_width ? last / grid_width + 1 : n;
+    const int64_t hi_rows = grid_width ? std::min(last + 1, grid_width) : n;
+    TORCH_CHECK(sin_lo->size(0) >= lo_rows && sin_hi->size(0) >= hi_rows,
+                "RoPE tables have too few rows for these tokens");
+    r.present = true;
+    r.sin_lo = sin_lo->data_ptr<float>();
+    r.cos_lo = cos_lo->data_ptr<float>();
+    r.sin_hi = sin_hi->data_ptr<float>();
+    r.cos_hi = cos_hi->data_ptr<float>();
+    r.stride_lo = sin_lo->stride(0);
+    r.stride_hi = sin_hi->stride(0);
+    r.grid_width = grid_width;
+    r.offset = offset;
+    return r;
 }
 
 constexpr int64_t kRowsPerTask = 64;
@@ -155,19 +212,17 @@ constexpr int64_t kRowsPerTask = 64;
 // Rotated key features (B, h, n, 2d), their unrotated sum over tokens
 // (B, h, 2d) and whether every RoPE pair shares its angle.
 std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
-        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin,
-        const c10::optional<torch::Tensor>& cos) {
+        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin_lo,
+        const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
+        const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, int64_t offset) {
     check_float_rows(k, "k", 4);
     const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
-    const bool rope = has_rope(sin, cos, n, d);
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
     auto out = torch::empty({B, H, n, 2 * d}, k.options());
     const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
     auto partial = torch::zeros({B * H, blocks, 2 * d}, k.options());
     std::vector<char> paired(B * H * blocks, 1);
     const float* kp = k.data_ptr<float>();
-    const float* sp = rope ? sin->data_ptr<float>() : nullptr;
-    const float* cp = rope ? cos->data_ptr<float>() : nullptr;
-    const int64_t ss = rope ? sin->stride(0) : 0, cs = rope ? cos->stride(0) : 0;
     float* op = out.data_ptr<float>();
     float* pp = partial.data_ptr<float>();
     at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
@@ -178,8 +233,9 @@ std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
             bool ok = true;
             for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
                 const float* row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
-                ok &= key_row(row, rope ? sp + i * ss : nullptr, rope ? cp + i * cs : nullptr, d,
-                              feature.data(), pp + task * 2 * d, op + (bh * n + i) * 2 * d);
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                ok &= key_row(row, rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
+                              op + (bh * n + i) * 2 * d);
             }
             paired[task] = ok;
         }
@@ -193,7 +249,9 @@ std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
 // denominator phi . m + eps: (B, h, n, 2, 2d).
 torch::Tensor query_features(
         const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
-        const c10::optional<torch::Tensor>& sin, const c10::optional<torch::Tensor>& cos, double eps) {
+        const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
+        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
+        int64_t grid_width, int64_t offset, double eps) {
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
     check_float_rows(signed_temps, "signed_temps", 3);
@@ -202,14 +260,11 @@ torch::Tensor query_features(
     check_float_rows(key_mean, "key_mean", 3);
     TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
                 key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
-    const bool rope = has_rope(sin, cos, n, d);
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
     auto out = torch::empty({B, H, n, 2, 2 * d}, q.options());
     const float* qp = q.data_ptr<float>();
     const float* tp = signed_temps.data_ptr<float>();
     const float* mp = key_mean.data_ptr<float>();
-    const float* sp = rope ? sin->data_ptr<float>() : nullptr;
-    const float* cp = rope ? cos->data_ptr<float>() : nullptr;
-    const int64_t ss = rope ? sin->stride(0) : 0, cs = rope ? cos->stride(0) : 0;
     float* op = out.data_ptr<float>();
     const float epsf = static_cast<float>(eps);
     const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
@@ -220,8 +275,9 @@ torch::Tensor query_features(
             const int64_t b = bh / H, h = bh % H;
             for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
                 const float* row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
-                query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope ? sp + i * ss : nullptr,
-                          rope ? cp + i * cs : nullptr, d, epsf, feature.data(), op + (bh * n + i) * 4 * d);
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &rows : nullptr, d, epsf,
+                          feature.data(), op + (bh * n + i) * 4 * d);
             }
         }
     });
@@ -233,8 +289,9 @@ torch::Tensor query_features(
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "Fused CPU feature maps of PolaFormer++'s polarity-aware linear attention";
     m.def("key_features", &key_features, "rotated key features, their token sum, RoPE pairs ok",
-          py::arg("k"), py::arg("sin"), py::arg("cos"));
+          py::arg("k"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),
+          py::arg("grid_width"), py::arg("offset"));
     m.def("query_features", &query_features, "rotated query features of both streams over their denominators",
-          py::arg("q"), py::arg("signed_temps"), py::arg("key_mean"), py::arg("sin"), py::arg("cos"),
-          py::arg("eps"));
+          py::arg("q"), py::arg("signed_temps"), py::arg("key_mean"), py::arg("sin_lo"), py::arg("cos_lo"),
+          py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"), py::arg("eps"));
 }
