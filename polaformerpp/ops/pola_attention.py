@@ -203,7 +203,7 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     Feature maps are ``exp(x) - 1`` as the method defines them (vectorised exp;
     the inactive polarity is exactly zero). Temperatures must be non-negative
     and RoPE tables must give both channels of a pair the same angle
-    (both checked here, except while torch.compile traces).
+    (both checked here, except under torch.compile or torch.jit.trace).
     """
     out_dtype = q.dtype
     dtype = _compute_dtype(q.dtype)
@@ -211,7 +211,8 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     batch, heads, num_tokens, head_dim = q.shape
     half = v.shape[-1] // 2
     chunk_size = chunk_size or _chunk_tokens(q)
-    check_values = not torch.compiler.is_compiling()  # data-dependent checks cannot be traced
+    # data-dependent checks cannot be traced (torch.compile, torch.jit.trace)
+    check_values = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
     if check_values:
         _check_temperatures(temp_same, temp_opp)
     rotation = _rotation_source(rope, head_dim, dtype, q.device, check_values)
