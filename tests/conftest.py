@@ -19,6 +19,28 @@ REPO_ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
 sys.path.insert(0, REPO_ROOT)
 
 
+def linear_backbones(*backends, seed=0):
+    """Tiny all-linear-attention PolaFormerPP models in eval mode, one per attention backend,
+    with the same weights and spread temperatures (they start at 0, i.e. 0.5 after the sigmoid)."""
+    import torch
+    from polaformerpp.models.backbones import PolaFormerPP
+
+    def build(backend):
+        return PolaFormerPP(arch=dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4]),
+                            out_indices=(0, 1, 2, 3), attn_types=('linear', ) * 4,
+                            attn_backend=backend).eval()
+
+    torch.manual_seed(seed)
+    models = [build(backend) for backend in backends]
+    state = models[0].state_dict()
+    for name in state:
+        if name.endswith(('temp_same', 'temp_opp')):
+            state[name] = torch.randn_like(state[name])
+    for model in models:
+        model.load_state_dict(state)
+    return models
+
+
 def load_tool(relpath):
     """Import a script under ``tools/`` as a module (tools/ is not a package)."""
     import importlib.util

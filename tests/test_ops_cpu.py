@@ -141,23 +141,8 @@ def test_bad_requests_raise_clear_errors():
 
 
 def test_backbone_inference_matches_torch_backend():
-    from polaformerpp.models.backbones import PolaFormerPP
-
-    def build(backend):
-        return PolaFormerPP(arch=dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1],
-                                      num_heads=[1, 2, 2, 4]),
-                            out_indices=(0, 1, 2, 3), attn_types=('linear', ) * 4,
-                            attn_backend=backend).eval()
-
-    torch.manual_seed(0)
-    reference = build('torch')
-    state = reference.state_dict()
-    for name in state:  # spread the temperatures (they start at 0, i.e. 0.5 after the sigmoid)
-        if name.endswith(('temp_same', 'temp_opp')):
-            state[name] = torch.randn_like(state[name])
-    reference.load_state_dict(state)
-    fused = build('cpu')
-    fused.load_state_dict(state)
+    from conftest import linear_backbones
+    fused, reference = linear_backbones('cpu', 'torch')
     image = torch.randn(2, 3, 64, 72)
     with torch.no_grad():
         for a, b in zip(fused(image), reference(image)):

@@ -218,23 +218,8 @@ def test_kernels_compile_for_gpu_targets():
 
 
 def test_backbone_triton_equals_torch():
-    from polaformerpp.models.backbones import PolaFormerPP
-
-    def build(backend):
-        return PolaFormerPP(arch=dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1],
-                                      num_heads=[1, 2, 2, 4]),
-                            out_indices=(0, 1, 2, 3), attn_types=('linear', ) * 4,
-                            attn_backend=backend).eval()
-
-    torch.manual_seed(0)
-    reference = build('torch')
-    state = reference.state_dict()
-    for name in state:  # spread the temperatures (they start at 0, i.e. 0.5 after the sigmoid)
-        if name.endswith(('temp_same', 'temp_opp')):
-            state[name] = torch.randn_like(state[name])
-    reference.load_state_dict(state)
-    fused = build('triton')
-    fused.load_state_dict(state)
+    from conftest import linear_backbones
+    reference, fused = linear_backbones('torch', 'triton')
 
     image = torch.randn(1, 3, 48, 40)
     results = []
