@@ -5,7 +5,9 @@
 #
 # mmcv 2.1.0 ships only as a source release and mmdet/mmseg need its compiled
 # ops, so it is built once (CPU ops; about 40 min on 2 cores) and the wheel is
-# kept in a cache outside the repository; later installs reuse it.
+# kept in a cache outside the repository; later installs reuse it. The
+# package's own fused CPU attention kernels (polaformerpp/ops/csrc) are compiled
+# in place at the end (about a minute).
 #
 # Environment variables:
 #   POLAPP_VENV         where the environment lives      (default: <repo>/.venv)
