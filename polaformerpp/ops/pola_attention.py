@@ -145,12 +145,13 @@ def _rotation(sin: Tensor, cos: Tensor, dtype: torch.dtype, check: bool) -> Tens
     return torch.complex(cos[:, 0::2].to(dtype), sin[:, 0::2].to(dtype))
 
 
-def _rotation_source(rope: Rope, head_dim: int, dtype: torch.dtype, device: torch.device,
-                     check: bool) -> Optional[Callable[[int, int], Tensor]]:
-    """``rotation(start, stop)``: the complex rotations ``(stop - start, d)`` of those tokens.
+def _rotation_source(rope: Rope, head_dim: int, dtype: torch.dtype,
+                     device: torch.device) -> Optional[Callable[[int, int, bool], Tensor]]:
+    """``rotation(start, stop, check)``: the complex rotations ``(stop - start, d)`` of those tokens.
 
-    Tables ``(sin, cos)`` are read row by row; a :class:`RopeGrid` gathers its
-    row and column rotations (``(H, d/2)`` and ``(W, d/2)``, built once).
+    Tables ``(sin, cos)`` are read row by row (with ``check``, their pairs are
+    checked, see :func:`_rotation`); a :class:`RopeGrid` gathers its row and
+    column rotations (``(H, d/2)`` and ``(W, d/2)``, built once).
     """
     if rope is None:
         return None
@@ -159,12 +160,12 @@ def _rotation_source(rope: Rope, head_dim: int, dtype: torch.dtype, device: torc
         row_rot = torch.complex(row_cos[:, 0::2], row_sin[:, 0::2])
         col_rot = torch.complex(col_cos[:, 0::2], col_sin[:, 0::2])
 
-        def rotation(start, stop):
+        def rotation(start, stop, check):
             tokens = torch.arange(start, stop, device=device)
             return torch.cat([row_rot[tokens // rope.width], col_rot[tokens % rope.width]], dim=-1)
         return rotation
     sin, cos = rope
-    return lambda start, stop: _rotation(sin[start:stop], cos[start:stop], dtype, check)
+    return lambda start, stop, check: _rotation(sin[start:stop], cos[start:stop], dtype, check)
 
 
 def _check_temperatures(temp_same: Tensor, temp_opp: Tensor) -> None:
@@ -215,18 +216,16 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     check_values = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
     if check_values:
         _check_temperatures(temp_same, temp_opp)
-    rotation = _rotation_source(rope, head_dim, dtype, q.device, check_values)
+    rotation = _rotation_source(rope, head_dim, dtype, q.device)
     chunks = [(start, min(start + chunk_size, num_tokens)) for start in range(0, num_tokens, chunk_size)]
 
     # pass 1: keys -> state S and mean feature m
     state, key_sum = 0, 0
-    rotations = []  # per chunk, (n, d) complex: built once, used by both passes
     for start, stop in chunks:
         phi_k = _key_features(k[..., start:stop, :])  # (B, h, n, 2d)
         key_sum = key_sum + phi_k.sum(dim=-2)
         if rotation is not None:
-            rotations.append(rotation(start, stop))
-            phi_k = _rotate(phi_k, rotations[-1])
+            phi_k = _rotate(phi_k, rotation(start, stop, check_values))
         state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
     key_mean = (key_sum / num_tokens)[:, :, None, :, None]  # (B, h, 1, 2d, 1)
@@ -234,15 +233,16 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
 
     # pass 2: queries -> both streams at once
     signed_temps = _signed_temperatures(temp_same.to(dtype), temp_opp.to(dtype))
-    outs = []
-    for index, (start, stop) in enumerate(chunks):
+    out = q.new_empty(batch, heads, num_tokens, 2 * half)
+    for start, stop in chunks:
         phi_q = _query_features(q[..., start:stop, :], signed_temps)  # (B, h, n, 2, 2d)
         den = phi_q @ key_mean + eps  # (B, h, n, 2, 1)
         if rotation is not None:
-            phi_q = _rotate(phi_q, rotations[index][:, None, :])
+            # rebuilt rather than kept from pass 1: an (N, d) complex tensor per call
+            # would cost more in fresh memory than the gather costs
+            phi_q = _rotate(phi_q, rotation(start, stop, False)[:, None, :])
         num = torch.stack([phi_q[..., 0, :] @ state_same, phi_q[..., 1, :] @ state_opp], dim=-2)
-        outs.append((num / den).flatten(-2))  # (B, h, n, dv)
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+        out[..., start:stop, :] = (num / den).flatten(-2)  # (B, h, n, dv)
     return out.to(out_dtype)
 
 
