@@ -147,3 +147,13 @@ def test_backbone_inference_matches_torch_backend():
     with torch.no_grad():
         for a, b in zip(fused(image), reference(image)):
             assert_close_rel(a, b, 1e-5)
+
+
+def test_rope_tables_with_other_strides():
+    """sin and cos need not share a layout: a cos table sliced out of a wider buffer reads the same."""
+    q, k, v, ts, to = make_inputs(1, 2, 35, 8, seed=7)
+    sin, cos = pola_rope_tables(5, 7, 8)
+    wide = torch.zeros(35, 40)
+    wide[:, 3:19] = cos
+    out = pola_attention(q, k, v, ts, to, rope=(sin, wide[:, 3:19]), backend='cpu')
+    assert_close_rel(out, pola_attention(q, k, v, ts, to, rope=(sin, cos), backend='cpu'), 1e-7)

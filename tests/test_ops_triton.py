@@ -165,6 +165,17 @@ def test_torch_compile_full_graph():
         assert_close_rel(a, e, 1e-6, 1e-7, name)
 
 
+def test_rope_tables_with_other_strides():
+    """sin and cos need not share a layout: a cos table sliced out of a wider buffer reads the same."""
+    inputs, tables, _ = make_inputs(1, 2, 5, 7, 16, True, torch.float32)
+    inputs = tuple(t.detach() for t in inputs)
+    sin, cos = tables
+    wide = torch.zeros(35, 40)
+    wide[:, 5:37] = cos
+    expected = pola_attention_triton(*inputs, (sin, cos))
+    assert_close_rel(pola_attention_triton(*inputs, (sin, wide[:, 5:37])), expected, 1e-6, 0.0, 'out')
+
+
 @pytest.mark.parametrize('rope', ['tables', 'grid'])
 def test_custom_op_registration(rope):
     inputs, tables, _ = make_inputs(1, 1, 2, 3, 16, True, torch.float32)

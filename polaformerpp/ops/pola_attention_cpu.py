@@ -11,13 +11,13 @@ Forward only: with autograd recording (an input that requires grad under
 grad mode) ``backend='auto'`` uses the eager torch implementation, and
 ``backend='cpu'`` raises.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .pola_attention import Rope, _check_temperatures, _chunk_tokens, _signed_temperatures
-from .rope import RopeGrid, pola_rope_factors
+from .rope import rope_halves
 
 try:
     from . import _pola_features_cpu as _kernels
@@ -25,9 +25,6 @@ except ImportError:  # built by `pip install -e .`; optional without a C++ compi
     _kernels = None
 
 __all__ = ['pola_attention_cpu', 'cpu_kernels_available']
-
-_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 
 def cpu_kernels_available() -> bool:
     """Whether the compiled CPU kernels were built with this installation."""
@@ -44,12 +41,11 @@ def _rope_for_kernels(rope: Rope, head_dim: int):
     """``rows(start, stop) -> (sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset)`` for a chunk."""
     if rope is None:
         return lambda start, stop: (None, None, None, None, 0, 0)
-    if isinstance(rope, RopeGrid):
-        row_sin, row_cos, col_sin, col_cos = pola_rope_factors(*rope, head_dim)
-        return lambda start, stop: (row_sin, row_cos, col_sin, col_cos, rope.width, start)
-    sin, cos = (_rows(t) for t in rope)
-    return lambda start, stop: (sin[start:stop, :head_dim], cos[start:stop, :head_dim],
-                                sin[start:stop, head_dim:], cos[start:stop, head_dim:], 0, 0)
+    *tables, grid_width = rope_halves(rope, head_dim)
+    tables = [t.to(torch.float32) for t in tables]
+    if grid_width:  # row/column tables, indexed by the chunk's token numbers
+        return lambda start, stop: (*tables, grid_width, start)
+    return lambda start, stop: (*(t[start:stop] for t in tables), 0, 0)
 
 
 def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,

@@ -88,7 +88,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .rope import RopeGrid, pola_rope_factors
+from .rope import RopeGrid, rope_halves
 
 __all__ = ['pola_attention_triton', 'compile_kernels_for_target']
 
@@ -952,11 +952,8 @@ def _rope_tables(rope, head_dim: int, device: torch.device) -> Tuple[Optional[Te
     """``(sin_lo, cos_lo, sin_hi, cos_hi, rope_width)`` for the kernels (see :func:`_load_rope`)."""
     if rope is None:
         return None, None, None, None, 0
-    if isinstance(rope, RopeGrid):
-        row_sin, row_cos, col_sin, col_cos = pola_rope_factors(*rope, head_dim, device=device)
-        return row_sin, row_cos, col_sin, col_cos, rope.width
-    sin, cos = (t.detach() if t.stride(-1) == 1 else t.detach().contiguous() for t in rope)
-    return sin[:, :head_dim], cos[:, :head_dim], sin[:, head_dim:], cos[:, head_dim:], 0
+    *tables, grid_width = rope_halves(rope, head_dim, device=device)
+    return (*(t.detach() for t in tables), grid_width)
 
 
 def pola_attention_triton(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,

@@ -9,13 +9,13 @@ The polarity-aware linear attention rotates its 2d-channel feature maps
 (``channels = 2 * head_dim``); the softmax attention of the late stages rotates
 q and k themselves (``channels = head_dim``).
 """
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Tuple, Union
 
 import torch
 from torch import Tensor
 
 __all__ = ['rope_frequencies', 'rope_2d_tables', 'pola_rope_tables', 'pola_rope_factors', 'RopeGrid',
-           'apply_rope']
+           'rope_halves', 'apply_rope']
 
 
 class RopeGrid(NamedTuple):
@@ -113,3 +113,23 @@ def pola_rope_factors(height: int, width: int, head_dim: int, device=None,
         angle = torch.arange(size, device=device, dtype=torch.float32)[:, None] * freqs[None, :]
         tables += [angle.sin().to(dtype), angle.cos().to(dtype)]
     return tuple(tables)
+
+
+def rope_halves(rope: Union[RopeGrid, Tuple[Tensor, Tensor]], head_dim: int,
+                device=None) -> Tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """The rotation of feature channels ``[0, d)`` (lo) and ``[d, 2d)`` (hi) as ``(rows, d)`` tables.
+
+    What the fused kernels read. Returns ``(sin_lo, cos_lo, sin_hi, cos_hi,
+    grid_width)``:
+
+    * ``RopeGrid(H, W)``: the row tables ``(H, d)`` (lo) and the column
+      tables ``(W, d)`` (hi) of :func:`pola_rope_factors`; ``grid_width = W``
+      (token ``n`` reads lo row ``n // W`` and hi row ``n % W``);
+    * ``(sin, cos)`` tables ``(N, 2d)``: their two halves (views of contiguous
+      tables, so sin and cos share strides); ``grid_width = 0`` (token ``n``
+      reads row ``n`` of both).
+    """
+    if isinstance(rope, RopeGrid):
+        return (*pola_rope_factors(*rope, head_dim, device=device), rope.width)
+    sin, cos = (t.contiguous() for t in rope)
+    return sin[:, :head_dim], cos[:, :head_dim], sin[:, head_dim:], cos[:, head_dim:], 0
