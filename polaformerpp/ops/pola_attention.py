@@ -351,7 +351,7 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
     if backend == 'cpu':
         if q.device.type != 'cpu' or q.dtype not in _FUSED_DTYPES or not _cpu_kernels_usable():
             raise ValueError("backend='cpu' needs CPU tensors in fp32/fp16/bf16 and the compiled "
-                             "kernels (pip install -e .); use backend='torch' or 'auto'")
+                             "kernels (tools/setup_env.sh builds them); use backend='torch' or 'auto'")
         if records_grad:
             raise ValueError("backend='cpu' is forward only and autograd is recording: use "
                              "backend='torch' or 'auto' to train, or torch.no_grad() / inference_mode()")

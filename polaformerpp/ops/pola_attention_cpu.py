@@ -21,10 +21,11 @@ from .rope import rope_halves
 
 try:
     from . import _pola_features_cpu as _kernels
-except ImportError:  # built by `pip install -e .`; optional without a C++ compiler
+except ImportError:  # built by tools/setup_env.sh (setup.py build_ext --inplace); needs a C++ compiler
     _kernels = None
 
 __all__ = ['pola_attention_cpu', 'cpu_kernels_available']
+
 
 def cpu_kernels_available() -> bool:
     """Whether the compiled CPU kernels were built with this installation."""
@@ -56,8 +57,8 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     fp32/fp16/bf16 inputs, output in ``q``'s dtype. Not differentiable.
     """
     if _kernels is None:
-        raise RuntimeError('the fused CPU kernels are not built: reinstall with a C++ compiler '
-                           '(pip install -e .) or use backend="torch"')
+        raise RuntimeError('the fused CPU kernels are not built: run `python setup.py build_ext --inplace` '
+                           '(tools/setup_env.sh does) with a C++ compiler, or use backend="torch"')
     out_dtype = q.dtype
     q, k, v = _rows(q), _rows(k), _rows(v)
     batch, heads, num_tokens, head_dim = q.shape
