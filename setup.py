@@ -1,13 +1,12 @@
 import os.path as osp
 import re
-
 from setuptools import find_packages, setup
 
 HERE = osp.dirname(osp.abspath(__file__))
 
 
 def cpu_extensions():
-    """The fused CPU feature-map kernels (``polaformerpp.ops._pola_features_cpu``).
+    """The fused CPU feature-map kernels (``polaformerpp.ops.pola_attention._pola_features_cpu``).
 
     Optional: without a C++ compiler the package installs and the attention
     falls back to its eager torch implementation.
@@ -20,8 +19,8 @@ def cpu_extensions():
     version = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2])
     std = '-std=c++20' if version >= (2, 14) else '-std=c++17'  # torch 2.14 headers need C++20
     ext = CppExtension(
-        'polaformerpp.ops._pola_features_cpu',
-        ['polaformerpp/ops/csrc/pola_features_cpu.cpp'],
+        'polaformerpp.ops.pola_attention._pola_features_cpu',
+        ['polaformerpp/ops/pola_attention/csrc/pola_features_cpu.cpp'],
         # no -ffast-math: only the two flags that let the loops' selects vectorise
         extra_compile_args=['-O3', '-fno-trapping-math', '-fno-math-errno', '-fopenmp', std],
         extra_link_args=['-fopenmp'],

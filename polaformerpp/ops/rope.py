@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['rope_frequencies', 'rope_2d_tables', 'pola_rope_tables', 'pola_rope_factors', 'RopeGrid',
-           'rope_halves', 'apply_rope']
+           'RopeHalves', 'rope_halves', 'apply_rope']
 
 
 class RopeGrid(NamedTuple):
@@ -28,6 +28,23 @@ class RopeGrid(NamedTuple):
     """
     height: int
     width: int
+
+
+class RopeHalves(NamedTuple):
+    """A rotation of the ``2d`` feature channels as two ``(rows, d)`` table pairs.
+
+    ``sin_lo``/``cos_lo`` rotate feature channels ``[0, d)``, ``sin_hi``/``cos_hi``
+    channels ``[d, 2d)``; channels ``2i`` and ``2i+1`` share one angle.
+    ``grid_width == 0``: token ``n`` reads row ``n`` of both (the halves of
+    ``(N, 2d)`` tables); ``grid_width == W > 0``: token ``n`` reads row ``n // W``
+    of the lo (row angles, ``(H, d)``) and row ``n % W`` of the hi (column
+    angles, ``(W, d)``) tables (a :class:`RopeGrid`).
+    """
+    sin_lo: Tensor
+    cos_lo: Tensor
+    sin_hi: Tensor
+    cos_hi: Tensor
+    grid_width: int
 
 
 def rope_frequencies(channels: int, device=None) -> Tensor:
@@ -115,21 +132,17 @@ def pola_rope_factors(height: int, width: int, head_dim: int, device=None,
     return tuple(tables)
 
 
-def rope_halves(rope: Union[RopeGrid, Tuple[Tensor, Tensor]], head_dim: int,
-                device=None) -> Tuple[Tensor, Tensor, Tensor, Tensor, int]:
+def rope_halves(rope: Union[RopeGrid, Tuple[Tensor, Tensor]], head_dim: int, device=None) -> RopeHalves:
     """The rotation of feature channels ``[0, d)`` (lo) and ``[d, 2d)`` (hi) as ``(rows, d)`` tables.
 
-    What the fused kernels read. Returns ``(sin_lo, cos_lo, sin_hi, cos_hi,
-    grid_width)``:
-
     * ``RopeGrid(H, W)``: the row tables ``(H, d)`` (lo) and the column
-      tables ``(W, d)`` (hi) of :func:`pola_rope_factors`; ``grid_width = W``
-      (token ``n`` reads lo row ``n // W`` and hi row ``n % W``);
+      tables ``(W, d)`` (hi) of :func:`pola_rope_factors` (fp32 on
+      ``device``); ``grid_width = W``;
     * ``(sin, cos)`` tables ``(N, 2d)``: their two halves (views of contiguous
-      tables, so sin and cos share strides); ``grid_width = 0`` (token ``n``
-      reads row ``n`` of both).
+      tables, so sin and cos share strides; dtype and device unchanged);
+      ``grid_width = 0``.
     """
     if isinstance(rope, RopeGrid):
-        return (*pola_rope_factors(*rope, head_dim, device=device), rope.width)
+        return RopeHalves(*pola_rope_factors(*rope, head_dim, device=device), rope.width)
     sin, cos = (t.contiguous() for t in rope)
-    return sin[:, :head_dim], cos[:, :head_dim], sin[:, head_dim:], cos[:, head_dim:], 0
+    return RopeHalves(sin[:, :head_dim], cos[:, :head_dim], sin[:, head_dim:], cos[:, head_dim:], 0)

@@ -8,7 +8,8 @@ Sweeps the sequence length N (and batch, heads, head dim, dtype) and times:
 * ``sdpa``        - ``torch.nn.functional.scaled_dot_product_attention`` (the
   kernel it ran is reported: flash / efficient / cudnn / math);
 * ``naive``       - the same polarity-aware linear attention written the way a
-  paper's code writes it (separate relu/cat/exp tensors, two matmul chains).
+  paper's code writes it (separate relu/cat/exp tensors, two matmul chains):
+  :func:`polaformerpp.ops.pola_attention.naive_pola_attention`.
 
 For each cell it prints the median time, tokens/s, the peak memory the call
 added on top of its inputs and, on CUDA, the achieved bandwidth for the ideal
@@ -29,15 +30,13 @@ import os
 import os.path as osp
 import resource
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_rope_tables  # noqa: E402
+from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_rope_tables
+from polaformerpp.ops.pola_attention import naive_pola_attention
 
 BACKENDS = ('pola-torch', 'pola-cpu', 'pola-triton', 'sdpa', 'naive')
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
@@ -122,42 +121,6 @@ def make_inputs(batch, heads, num_tokens, head_dim, dtype, device, rope, require
             t.requires_grad_()
     tables = pola_rope_tables(*grid_shape(num_tokens), head_dim, device=device) if rope != 'off' else None
     return tensors, tables
-
-
-def rotate_every_two(x):
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
-def naive_pola_attention(q, k, v, temp_same, temp_opp, rope=None, eps=1e-6):
-    """The polarity-aware linear attention as a paper's code writes it (same math as the op)."""
-    dtype = q.dtype
-    q, k, v = q.float(), k.float(), v.float()
-    num_tokens = q.shape[-2]
-    q_pos, q_neg = F.relu(q), F.relu(-q)
-    k_pos, k_neg = F.relu(k), F.relu(-k)
-    q_sim = torch.cat([q_pos, q_neg], dim=-1)
-    q_opp = torch.cat([q_neg, q_pos], dim=-1)
-    k_cat = torch.cat([k_pos, k_neg], dim=-1)
-    q_sim = torch.exp(q_sim * temp_same[None, :, None, :]) - 1
-    q_opp = torch.exp(q_opp * temp_opp[None, :, None, :]) - 1
-    k_cat = torch.exp(k_cat) - 1
-    v1, v2 = torch.chunk(v, 2, dim=-1)
-
-    k_mean = k_cat.mean(dim=-2, keepdim=True)
-    z_sim = 1 / (q_sim @ k_mean.transpose(-2, -1) + eps)
-    z_opp = 1 / (q_opp @ k_mean.transpose(-2, -1) + eps)
-    if rope is not None:
-        sin, cos = rope
-        q_sim = q_sim * cos + rotate_every_two(q_sim) * sin
-        q_opp = q_opp * cos + rotate_every_two(q_opp) * sin
-        k_cat = k_cat * cos + rotate_every_two(k_cat) * sin
-    scale = num_tokens ** -0.5
-    kv_sim = (k_cat.transpose(-2, -1) * scale) @ (v1 * scale)
-    kv_opp = (k_cat.transpose(-2, -1) * scale) @ (v2 * scale)
-    x_sim = q_sim @ kv_sim * z_sim
-    x_opp = q_opp @ kv_opp * z_opp
-    return torch.cat([x_sim, x_opp], dim=-1).to(dtype)
 
 
 def sdpa_backends():

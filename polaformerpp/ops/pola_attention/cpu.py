@@ -1,25 +1,33 @@
-"""Fused CPU forward of :func:`pola_attention` (``backend='cpu'``, inference).
+"""Fused CPU forward of :func:`~polaformerpp.ops.pola_attention` (``backend='cpu'``, inference).
 
 The C++ kernels in ``csrc/pola_features_cpu.cpp`` build each token's feature
 maps in registers (one exp per element and stream, RoPE as a pair rotation,
 the denominator ``phi . m`` on the fly) and write only the rows the two matrix
 products read; the products are ``torch.matmul`` (MKL/oneDNN). Same two passes
-over token chunks as the eager reference :func:`pola_attention_torch`, which
-the tests hold this path to.
+over token chunks as the eager backend (:mod:`.eager`), which the tests hold
+this path to.
 
 Forward only: with autograd recording (an input that requires grad under
 grad mode) ``backend='auto'`` uses the eager torch implementation, and
 ``backend='cpu'`` raises.
 """
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
-from .pola_attention import Rope, _check_temperatures, _chunk_tokens, _signed_temperatures
-from .rope import rope_halves
+from ..rope import RopeHalves
+from .common import (
+    Rope,
+    as_rope_halves,
+    check_temperatures,
+    chunk_tokens,
+    rope_pair_error,
+    signed_temperatures,
+    token_chunks,
+)
 
-try:
+try:  # the private compiled extension, loaded only here
     from . import _pola_features_cpu as _kernels
 except ImportError:  # built by tools/setup_env.sh (setup.py build_ext --inplace); needs a C++ compiler
     _kernels = None
@@ -38,11 +46,11 @@ def _rows(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _rope_for_kernels(rope: Rope, head_dim: int):
+def _rope_for_kernels(rope: Optional[RopeHalves]):
     """``rows(start, stop) -> (sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset)`` for a chunk."""
     if rope is None:
         return lambda start, stop: (None, None, None, None, 0, 0)
-    *tables, grid_width = rope_halves(rope, head_dim)
+    *tables, grid_width = rope
     tables = [t.to(torch.float32) for t in tables]
     if grid_width:  # row/column tables, indexed by the chunk's token numbers
         return lambda start, stop: (*tables, grid_width, start)
@@ -50,10 +58,12 @@ def _rope_for_kernels(rope: Rope, head_dim: int):
 
 
 def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                       rope: Rope = None, eps: float = 1e-6, chunk_size: Optional[int] = None) -> Tensor:
-    """Fused CPU implementation (no argument checks; see :func:`pola_attention`).
+                       rope: Union[Rope, RopeHalves] = None, eps: float = 1e-6,
+                       chunk_size: Optional[int] = None) -> Tensor:
+    """Fused CPU implementation (no argument checks; see :func:`~polaformerpp.ops.pola_attention`).
 
-    Args and returns as :func:`pola_attention`; fp32 compute for
+    Args and returns as :func:`~polaformerpp.ops.pola_attention` (``rope`` may
+    also be its :class:`~polaformerpp.ops.rope.RopeHalves`); fp32 compute for
     fp32/fp16/bf16 inputs, output in ``q``'s dtype. Not differentiable.
     """
     if _kernels is None:
@@ -63,18 +73,17 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     q, k, v = _rows(q), _rows(k), _rows(v)
     batch, heads, num_tokens, head_dim = q.shape
     half = v.shape[-1] // 2
-    chunk_size = chunk_size or _chunk_tokens(q)
-    _check_temperatures(temp_same, temp_opp)
-    rope_rows = _rope_for_kernels(rope, head_dim)
-    chunks = [(start, min(start + chunk_size, num_tokens)) for start in range(0, num_tokens, chunk_size)]
+    chunk_size = chunk_size or chunk_tokens(q)
+    check_temperatures(temp_same, temp_opp)
+    rope_rows = _rope_for_kernels(as_rope_halves(rope, head_dim))
+    chunks = token_chunks(num_tokens, chunk_size)
 
     # pass 1: keys -> state S (B, h, 2d, dv) and mean feature m (B, h, 2d)
     state = key_sum = None
     for start, stop in chunks:
         features, feature_sum, paired = _kernels.key_features(k[..., start:stop, :], *rope_rows(start, stop))
         if not paired:
-            raise ValueError('rope (sin, cos) must give both channels of a rotation pair (2i, 2i+1) '
-                             'the same angle: t[:, 0::2] == t[:, 1::2]')
+            raise rope_pair_error('rope (sin, cos)')
         chunk_state = features.transpose(-1, -2) @ v[..., start:stop, :]
         state = chunk_state if state is None else state.add_(chunk_state)
         key_sum = feature_sum if key_sum is None else key_sum.add_(feature_sum)
@@ -83,7 +92,7 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     state_same, state_opp = state[..., :half], state[..., half:]
 
     # pass 2: queries -> both streams, written into the output
-    signed_temps = _signed_temperatures(temp_same.to(torch.float32), temp_opp.to(torch.float32)).contiguous()
+    signed_temps = signed_temperatures(temp_same.to(torch.float32), temp_opp.to(torch.float32)).contiguous()
     out = torch.empty(batch, heads, num_tokens, 2 * half, dtype=torch.float32)
     for start, stop in chunks:
         # rows already divided by their denominators: the products are the outputs

@@ -5,12 +5,12 @@
 // element and stream: only one of x+ and x- is non-zero), rotate channel pairs
 // by the RoPE angles and write the rows the attention's matrix products read.
 // The products themselves (state S and the readout) stay with torch.matmul.
-// polaformerpp/ops/pola_attention_cpu.py drives them; the eager reference is
-// polaformerpp/ops/pola_attention.py (pola_attention_torch).
+// ../cpu.py drives them; the eager reference is ../eager.py
+// (pola_attention_torch); the method is written out in ../__init__.py.
 //
 // Shapes (fp32, last dim contiguous, other strides arbitrary):
 //   q, k          (B, h, n, d)
-//   signed_temps  (h, 4, d)   rows [ts+, -ts-, -to+, to-] (see _signed_temperatures)
+//   signed_temps  (h, 4, d)   rows [ts+, -ts-, -to+, to-] (see common.signed_temperatures)
 //   key_mean      (B, h, 2d)
 //   RoPE, per half of the 2d feature channels: sin_lo/cos_lo rotate channels
 //   [0, d), sin_hi/cos_hi channels [d, 2d); each (rows, d), channels 2i and

@@ -20,10 +20,9 @@ if _TRITON_PREIMPORTED:
     pytest.skip('triton was imported before TRITON_INTERPRET=1 was set; run this file on its own '
                 'or set the variable in conftest.py', allow_module_level=True)
 
-from polaformerpp.ops import (RopeGrid, available_backends, pola_attention,  # noqa: E402
-                              pola_attention_torch, pola_rope_tables)
-
-import polaformerpp.ops.pola_attention_triton as triton_ops  # noqa: E402
+from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_attention_torch, pola_rope_tables  # noqa: E402
+from polaformerpp.ops.pola_attention import triton_ops  # noqa: E402
+from polaformerpp.ops.pola_attention.common import as_rope_halves  # noqa: E402
 
 pola_attention_triton = triton_ops.pola_attention_triton
 
@@ -181,7 +180,7 @@ def test_custom_op_registration(rope):
     inputs, tables, _ = make_inputs(1, 1, 2, 3, 16, True, torch.float32)
     q, k, v, temp_same, temp_opp = inputs
     temps = torch.stack([temp_same, temp_opp]).detach().requires_grad_()
-    rope_args = triton_ops._rope_tables(RopeGrid(2, 3) if rope == 'grid' else tables, 16, q.device)
+    rope_args = triton_ops.kernel_rope_args(as_rope_halves(RopeGrid(2, 3) if rope == 'grid' else tables, 16, q.device))
     op = torch.ops.polaformerpp.pola_attention_triton_fwd
     torch.library.opcheck(op, (q, k, v, temps, *rope_args, 1e-6),
                           test_utils=('test_schema', 'test_autograd_registration', 'test_faketensor'))
@@ -196,32 +195,16 @@ def test_unsupported_inputs_raise():
         pola_attention_triton(q.double(), k.double(), v.double(), temp_same, temp_opp)
 
 
-COMPILE_SCRIPT = """
-import sys
-try:
-    from triton import knobs
-    knobs.nvidia.ptxas.path
-except Exception as exc:
-    print('no ptxas:', exc)
-    sys.exit(3)
-from polaformerpp.ops.pola_attention_triton import compile_kernels_for_target
-for head_dim, dtype, has_rope, capability, grid in [(12, 'bf16', True, 90, False), (16, 'fp32', False, 80, False),
-                                                   (64, 'bf16', True, 90, True)]:
-    kernels = compile_kernels_for_target(head_dim, dtype, has_rope, capability, rope_grid=grid)
-    assert all('ptx' in k.asm for k in kernels.values())
-print('ok')
-"""
-
-
 def test_kernels_compile_for_gpu_targets():
     """The interpreter does not check what a GPU build checks (dot shapes, layouts, types):
     compile every kernel for sm_90 and sm_80 ahead of time (no GPU needed, ptxas is)."""
     import subprocess
-    import sys
+
+    from conftest import REPO_ROOT
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env['PYTHONPATH'] = repo + os.pathsep + env.get('PYTHONPATH', '')
-    proc = subprocess.run([sys.executable, '-c', COMPILE_SCRIPT], env=env, cwd=repo,
+    env['PYTHONPATH'] = REPO_ROOT + os.pathsep + env.get('PYTHONPATH', '')
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'triton_aot_compile.py')
+    proc = subprocess.run([sys.executable, script], env=env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode == 3:
         pytest.skip(proc.stdout.strip())

@@ -1,20 +1,12 @@
 """The fused CPU backend (compiled feature-map kernels) against the eager torch backend."""
-import math
-
 import pytest
 import torch
 
+from ops_testing import assert_close_rel, grid_for
 from polaformerpp.ops import available_backends, pola_attention, pola_attention_torch, pola_rope_tables
 
 pytestmark = pytest.mark.skipif('cpu' not in available_backends(),
                                 reason='fused CPU kernels not built (tools/setup_env.sh builds them)')
-
-
-def grid_for(n):
-    h = int(math.isqrt(n))
-    while n % h:
-        h -= 1
-    return h, n // h
 
 
 def make_inputs(B, h, N, d, dv=None, seed=0, scale=1.0, dtype=torch.float32):
@@ -29,11 +21,6 @@ def make_inputs(B, h, N, d, dv=None, seed=0, scale=1.0, dtype=torch.float32):
 def float64_reference(q, k, v, ts, to, rope):
     rope = tuple(t.double() for t in rope) if rope is not None else None
     return pola_attention_torch(q.double(), k.double(), v.double(), ts.double(), to.double(), rope)
-
-
-def assert_close_rel(actual, expected, rtol):
-    err = ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
-    assert err < rtol, f'max error {err:.2e} relative to the largest output, allowed {rtol:.0e}'
 
 
 @pytest.mark.parametrize('B, h, N, d', [
@@ -59,7 +46,7 @@ def test_matches_torch_backend(B, h, N, d, use_rope):
 
 def test_token_chunks_and_value_dim():
     """Several token chunks (chunk sizes that do not divide N) and dv != d."""
-    from polaformerpp.ops.pola_attention_cpu import pola_attention_cpu
+    from polaformerpp.ops.pola_attention.cpu import pola_attention_cpu
     q, k, v, ts, to = make_inputs(2, 2, 300, 16, dv=10, seed=4)
     rope = pola_rope_tables(15, 20, 16)
     whole = pola_attention_cpu(q, k, v, ts, to, rope, chunk_size=4096)

@@ -1,0 +1,136 @@
+"""The public entry point: argument checks, backend choice, one RoPE conversion."""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from .common import FUSED_DTYPES, Rope, as_rope_halves, check_rope, is_tracing, rope_tensors
+from .cpu import cpu_kernels_available, pola_attention_cpu
+from .eager import pola_attention_torch
+
+__all__ = ['pola_attention', 'available_backends', 'BACKENDS']
+
+#: values of ``pola_attention(..., backend=)``
+BACKENDS = ('auto', 'torch', 'cpu', 'triton')
+
+
+def _triton_usable() -> bool:
+    """Whether the Triton backend imports (Triton installed; kernels defined lazily, on first use)."""
+    try:
+        from . import triton_ops  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def available_backends() -> Tuple[str, ...]:
+    """Backends usable in this process (``'cpu'`` needs the compiled kernels,
+    ``'triton'`` a CUDA device and Triton)."""
+    backends = ['torch']
+    if cpu_kernels_available():
+        backends.append('cpu')
+    if _triton_usable():
+        backends.append('triton')
+    return tuple(backends)
+
+
+def _pick_backend(q: Tensor, k: Tensor, v: Tensor, records_grad: bool) -> str:
+    fused_dtypes = all(t.dtype in FUSED_DTYPES for t in (q, k, v))
+    if q.is_cuda and fused_dtypes and v.shape[-1] == q.shape[-1] and _triton_usable():
+        return 'triton'
+    # the compiled kernels are opaque to torch.compile and torch.jit.trace (flop counters,
+    # export): those see the eager backend
+    if (q.device.type == 'cpu' and fused_dtypes and not records_grad and not is_tracing()
+            and cpu_kernels_available()):
+        return 'cpu'
+    return 'torch'
+
+
+def _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend):
+    for name, t in (('q', q), ('k', k), ('v', v), ('temp_same', temp_same), ('temp_opp', temp_opp)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f'{name} must be a torch.Tensor, got {type(t).__name__}')
+        if not t.is_floating_point():
+            raise TypeError(f'{name} must be a floating-point tensor, got dtype {t.dtype}')
+    if q.dim() != 4:
+        raise ValueError(f'q must have shape (B, h, N, d), got rank {q.dim()} shape {tuple(q.shape)}')
+    if k.shape != q.shape:
+        raise ValueError(f'k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}')
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f'v must have shape (B, h, N, dv) with (B, h, N) = {tuple(q.shape[:3])}, '
+                         f'got {tuple(v.shape)}')
+    num_heads, num_tokens, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    if head_dim % 2 != 0:
+        raise ValueError(f'the head dim of q/k (last dim) must be even, got {head_dim}')
+    if v.shape[-1] % 2 != 0:
+        raise ValueError(f'the head dim of v (last dim) must be even to split it into the '
+                         f'two polarity streams, got {v.shape[-1]}')
+    if num_tokens < 1:
+        raise ValueError(f'q must hold at least one token (N >= 1), got N={num_tokens}')
+    for name, t in (('temp_same', temp_same), ('temp_opp', temp_opp)):
+        if tuple(t.shape) != (num_heads, 2 * head_dim):
+            raise ValueError(f'{name} must have shape (h, 2d) = {(num_heads, 2 * head_dim)}, '
+                             f'got {tuple(t.shape)}')
+    check_rope(rope, num_tokens, head_dim)
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f'eps must be a non-negative number, got {eps!r}')
+    if backend not in BACKENDS:
+        raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}')
+
+
+def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
+                   rope: Rope = None, eps: float = 1e-6,
+                   backend: str = 'auto') -> Tensor:
+    """Polarity-aware linear attention, both streams at once.
+
+    Args:
+        q, k: ``(B, h, N, d)``, ``d`` even.
+        v: ``(B, h, N, dv)``, ``dv`` even (``dv == d`` in every model here).
+        temp_same, temp_opp: ``(h, 2d)`` channel-wise temperatures, already
+            passed through a sigmoid (non-negative).
+        rope: applied to the numerator only. ``None``; ``RopeGrid(H, W)``
+            (``H * W == N``): the 2-D RoPE of :func:`pola_rope_tables`, which
+            the backends build from per-row and per-column tables (the
+            cheapest form); or ``(sin, cos)`` tables, each ``(N, 2d)``, a
+            rotation of channel pairs (channels ``2i`` and ``2i+1`` share one
+            angle).
+        eps: added to the denominator.
+        backend: ``'torch'`` (eager, differentiable), ``'cpu'`` (fused CPU
+            kernels, forward only), ``'triton'`` (CUDA tensors) or ``'auto'``
+            (the fastest one usable for these tensors: triton on CUDA, cpu on
+            CPU when autograd does not record, torch otherwise; never fails).
+
+    Returns:
+        Tensor: ``(B, h, N, dv)`` in ``q``'s dtype: ``[same-polarity stream
+        over v[..., :dv/2] | opposite-polarity stream over v[..., dv/2:]]``.
+        Feature maps and accumulation are fp32 for fp16/bf16 inputs.
+
+    Raises:
+        TypeError, ValueError: naming the argument and what was expected
+            (shapes, dtypes, even head dims, ``backend``; with the torch
+            backend also negative temperatures and RoPE tables whose pairs
+            differ).
+    """
+    _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend)
+    records_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, temp_same, temp_opp, *rope_tensors(rope)))
+    if backend == 'auto':
+        backend = _pick_backend(q, k, v, records_grad)
+    if backend == 'cpu':
+        if q.device.type != 'cpu' or q.dtype not in FUSED_DTYPES or not cpu_kernels_available():
+            raise ValueError("backend='cpu' needs CPU tensors in fp32/fp16/bf16 and the compiled "
+                             "kernels (tools/setup_env.sh builds them); use backend='torch' or 'auto'")
+        if records_grad:
+            raise ValueError("backend='cpu' is forward only and autograd is recording: use "
+                             "backend='torch' or 'auto' to train, or torch.no_grad() / inference_mode()")
+        implementation = pola_attention_cpu
+    elif backend == 'triton':
+        if not _triton_usable():
+            raise ValueError("backend='triton' is not available in this build: "
+                             "use backend='torch' or 'auto'")
+        from .triton_ops import pola_attention_triton as implementation
+    else:
+        implementation = pola_attention_torch
+    # the one conversion of the RoPE argument: every backend reads RopeHalves
+    rope = as_rope_halves(rope, q.shape[-1], q.device)
+    return implementation(q, k, v, temp_same, temp_opp, rope, eps)
