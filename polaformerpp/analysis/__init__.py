@@ -1,9 +1,27 @@
-from .attention_stats import (METHODS, AttentionCapture, AttentionRecorder, agg_pyplot,
-                              attention_entropy, attention_map, attention_weights, capture_entropy,
-                              entropy_table, format_entropy_table, kernel_attention_weights, load_images,
-                              load_model, pola_attention_modules, pola_attention_weights, polarity_mixing,
-                              query_indices, run_model, short_layer_name, softmax_attention_weights,
-                              temperature_pairs, temperature_summary)
+from .attention_stats import (
+    METHODS,
+    AttentionCapture,
+    AttentionRecorder,
+    agg_pyplot,
+    attention_entropy,
+    attention_map,
+    attention_weights,
+    capture_entropy,
+    entropy_table,
+    format_entropy_table,
+    kernel_attention_weights,
+    load_images,
+    load_model,
+    pola_attention_modules,
+    pola_attention_weights,
+    polarity_mixing,
+    query_indices,
+    run_model,
+    short_layer_name,
+    softmax_attention_weights,
+    temperature_pairs,
+    temperature_summary,
+)
 from .complexity import count_complexity, sdpa_flop_handle
 
 __all__ = [

@@ -17,8 +17,9 @@ maps of :func:`polaformerpp.ops.pola_feature_maps` (``phi_s``, ``phi_o``,
     W_s[i, j] = <R phi_s[i], R phi_k[j]> / (N * (<phi_s[i], mean_j phi_k[j]> + eps))
 
 (``W_opp`` with ``phi_o``; ``R`` the 2-D RoPE, identity without it).
-:func:`pola_attention_weights` returns exactly these matrices (``W @ v``
-reproduces the op's output). The two polarity streams are two attention
+:func:`pola_attention_weights` (the op's quadratic reference form, from
+:mod:`polaformerpp.ops.pola_attention.naive`) returns exactly these matrices
+(``W @ v`` reproduces the op's output). The two polarity streams are two attention
 distributions over the same keys, reported separately as ``pola-same`` and
 ``pola-opp``.
 
@@ -58,8 +59,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from polaformerpp.models.layers import PolaLinearAttention
-from polaformerpp.ops import pola_feature_maps, pola_rope_tables
-from polaformerpp.ops.rope import apply_rope
+from polaformerpp.ops import pola_rope_tables
+from polaformerpp.ops.pola_attention.naive import pola_attention_weights
 
 __all__ = [
     'METHODS', 'AttentionCapture', 'AttentionRecorder', 'attention_entropy', 'attention_weights',
@@ -101,41 +102,6 @@ def softmax_attention_weights(q: Tensor, k: Tensor, scale: Optional[float] = Non
     """``softmax(q k^T * scale)`` (``scale = d^-1/2`` by default): ``(..., Nq, Nk)``."""
     scale = q.shape[-1]**-0.5 if scale is None else scale
     return torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1)
-
-
-def pola_attention_weights(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                           rope: Optional[Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
-                           query_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """The ``N x N`` matrices PolaFormer++ attention applies to the two value halves.
-
-    Args:
-        q, k: ``(B, h, N, d)``.
-        temp_same, temp_opp: ``(h, 2d)`` temperatures (after the sigmoid).
-        rope: ``None`` or ``(sin, cos)`` ``(N, 2d)`` (:func:`pola_rope_tables`).
-        eps: the op's denominator epsilon.
-        query_index: rows (queries) to return; all by default.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``W_same``, ``W_opp``, each ``(B, h, Nq, N)``, with
-        ``W_same @ v[..., :d/2]`` and ``W_opp @ v[..., d/2:]`` equal to the two
-        halves of :func:`pola_attention`'s output at those queries.
-    """
-    phi_s, phi_o, phi_k = pola_feature_maps(q, k, temp_same.to(q.dtype), temp_opp.to(q.dtype))
-    num_keys = k.shape[-2]
-    key_mean = phi_k.mean(dim=-2, keepdim=True)  # (B, h, 1, 2d)
-    if rope is not None:
-        sin, cos = (t.to(q.dtype) for t in rope)
-        rot_s, rot_o, rot_k = (apply_rope(x, sin, cos) for x in (phi_s, phi_o, phi_k))
-    else:
-        rot_s, rot_o, rot_k = phi_s, phi_o, phi_k
-    if query_index is not None:
-        phi_s, phi_o = phi_s[..., query_index, :], phi_o[..., query_index, :]
-        rot_s, rot_o = rot_s[..., query_index, :], rot_o[..., query_index, :]
-    weights = []
-    for phi_q, rot_q in ((phi_s, rot_s), (phi_o, rot_o)):
-        denominator = (phi_q * key_mean).sum(-1, keepdim=True) + eps  # (B, h, Nq, 1)
-        weights.append((rot_q @ rot_k.transpose(-1, -2)) / (num_keys * denominator))
-    return weights[0], weights[1]
 
 
 def attention_entropy(weights: Tensor) -> Tuple[Tensor, Tensor]:
@@ -204,8 +170,8 @@ def pola_attention_modules(model: nn.Module) -> List[Tuple[str, PolaLinearAttent
     return [(name, m) for name, m in model.named_modules() if isinstance(m, PolaLinearAttention)]
 
 
-def _queries_and_keys(module: PolaLinearAttention, args) -> Tuple[Tensor, Tensor, Tuple[int, int]]:
-    """Re-run ``module``'s ``C -> 4C`` projection on its input and split q, k into heads.
+def _grid_input(module: PolaLinearAttention, args) -> Tensor:
+    """The ``(B, H, W, C)`` feature map a module was called with.
 
     Inputs are ``(B, H, W, C)`` feature maps or, for token-sequence subclasses
     called as ``forward(x (B, N, C), grid)``, a sequence and its grid.
@@ -215,26 +181,20 @@ def _queries_and_keys(module: PolaLinearAttention, args) -> Tuple[Tensor, Tensor
         if len(args) < 2:
             raise ValueError(f'{type(module).__name__} got a (B, N, C) input without its grid')
         grid = tuple(int(s) for s in args[1])
-        x = x.reshape(x.shape[0], grid[0], grid[1], x.shape[-1])
-    elif x.dim() != 4:
+        return x.reshape(x.shape[0], grid[0], grid[1], x.shape[-1])
+    if x.dim() != 4:
         raise ValueError(f'expected a (B, H, W, C) input to {type(module).__name__}, '
                          f'got shape {tuple(x.shape)}')
-    B, H, W, C = x.shape
-    projection = getattr(module, module.qkv_name)
-    q, k = projection(x).chunk(4, dim=-1)[:2]
-
-    def heads(t):
-        return t.reshape(B, H * W, module.num_heads, module.head_dim).transpose(1, 2)
-
-    return heads(q), heads(k), (H, W)
+    return x
 
 
 class AttentionRecorder:
     """Context manager recording q, k of every PolaFormer++ attention during forward passes.
 
-    Forward pre-hooks recompute the module's projection on its input (the model
-    classes are unchanged). Each call of each module appends one
-    :class:`AttentionCapture` to :attr:`captures`.
+    Forward pre-hooks recompute the module's projection on its input through
+    :meth:`PolaLinearAttention.split_heads` (the model classes are unchanged).
+    Each call of each module appends one :class:`AttentionCapture` to
+    :attr:`captures`.
 
     Example::
 
@@ -254,7 +214,9 @@ class AttentionRecorder:
     def _hook(self, name: str):
         def hook(module, args):
             with torch.no_grad():
-                q, k, grid = _queries_and_keys(module, args)
+                x = _grid_input(module, args)
+                q, k = module.split_heads(x)[:2]
+                grid = (x.shape[1], x.shape[2])
                 self.captures.append(
                     AttentionCapture(
                         name=name, q=q.detach().float().cpu(), k=k.detach().float().cpu(), grid=grid,

@@ -9,7 +9,6 @@ counted through the einsums of the torch backend of ``pola_attention``.
 from typing import Dict, Tuple
 
 import numpy as np
-import torch
 import torch.nn as nn
 
 __all__ = ['sdpa_flop_handle', 'count_complexity']

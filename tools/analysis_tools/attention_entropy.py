@@ -44,17 +44,22 @@ import json
 import math
 import os
 import os.path as osp
-import sys
 from collections import OrderedDict
 
 import torch
 from mmengine.config import DictAction
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.analysis import (METHODS, AttentionRecorder, agg_pyplot, entropy_table,  # noqa: E402
-                                   format_entropy_table, load_images, load_model, run_model,
-                                   short_layer_name)
+from polaformerpp.analysis import (
+    METHODS,
+    AttentionRecorder,
+    agg_pyplot,
+    entropy_table,
+    format_entropy_table,
+    load_images,
+    load_model,
+    run_model,
+    short_layer_name,
+)
 
 
 def parse_args(argv=None):

@@ -25,15 +25,12 @@ import contextlib
 import json
 import os.path as osp
 import statistics
-import sys
 import time
 
 import torch
 from mmengine.config import Config, DictAction
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.analysis import load_model  # noqa: E402
+from polaformerpp.analysis import load_model
 
 DEFAULT_SHAPES = dict(mmpretrain=(224, 224), mmdet=(800, 1280), mmseg=(512, 2048))
 SR_DEFAULT_SHAPE = (180, 320)  # a 1280x720 output at x4

@@ -9,16 +9,12 @@ detectors and segmentors through their tensor-mode forward (backbone, neck
 and heads, without post-processing). Runs on the CPU.
 """
 import argparse
-import os.path as osp
-import sys
 
 import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import init_default_scope
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.analysis import count_complexity  # noqa: E402
+from polaformerpp.analysis import count_complexity
 
 DEFAULT_SHAPES = dict(mmpretrain=(224, 224), mmdet=(800, 1280), mmseg=(512, 2048))
 SR_DEFAULT_SHAPE = (180, 320)  # LR input of a 1280x720 output at x4

@@ -18,16 +18,21 @@ Example::
 import argparse
 import os
 import os.path as osp
-import sys
 
 import torch
 import torch.nn.functional as F
 from mmengine.config import DictAction
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.analysis import (METHODS, AttentionRecorder, agg_pyplot, attention_map,  # noqa: E402
-                                   load_images, load_model, run_model, short_layer_name)
+from polaformerpp.analysis import (
+    METHODS,
+    AttentionRecorder,
+    agg_pyplot,
+    attention_map,
+    load_images,
+    load_model,
+    run_model,
+    short_layer_name,
+)
 
 
 def parse_args(argv=None):

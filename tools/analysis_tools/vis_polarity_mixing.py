@@ -22,14 +22,10 @@ import json
 import math
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import DictAction
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.analysis import (agg_pyplot, load_model, pola_attention_modules,  # noqa: E402
-                                   polarity_mixing, short_layer_name)
+from polaformerpp.analysis import agg_pyplot, load_model, pola_attention_modules, polarity_mixing, short_layer_name
 
 LAYERS_PER_ROW = 4
 STREAMS = (('same polarity', 'tab:red'), ('opposite polarity', 'tab:blue'))

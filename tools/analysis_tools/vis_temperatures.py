@@ -24,14 +24,17 @@ import json
 import math
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import DictAction
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.analysis import (agg_pyplot, load_model, pola_attention_modules,  # noqa: E402
-                                   short_layer_name, temperature_pairs, temperature_summary)
+from polaformerpp.analysis import (
+    agg_pyplot,
+    load_model,
+    pola_attention_modules,
+    short_layer_name,
+    temperature_pairs,
+    temperature_summary,
+)
 
 PANELS = (('same stream vs opposite stream', ('q+: same vs opp', 'q-: same vs opp'),
            'same-stream temperature', 'opposite-stream temperature'),

@@ -14,6 +14,8 @@ from ..layers import ConvBN, PolaFormerBlock
 __all__ = ['PolaFormerPP']
 
 ATTN_TYPES = ('linear', 'softmax')
+#: the authors' released layout: linear attention in stages 1-2, softmax in 3-4
+RELEASED_ATTN_TYPES = ('linear', 'linear', 'softmax', 'softmax')
 CLS_PROJ_INDEX = 4
 
 
@@ -119,7 +121,7 @@ class PolaFormerPP(BaseModule):
                  arch: Union[str, dict] = 'b0',
                  in_channels: int = 3,
                  out_indices: Sequence[int] = (CLS_PROJ_INDEX, ),
-                 attn_types: Sequence[str] = ('linear', 'linear', 'softmax', 'softmax'),
+                 attn_types: Sequence[str] = RELEASED_ATTN_TYPES,
                  drop_path_rate: Union[float, None] = None,
                  layer_scale_init_values: Union[Sequence[float], None] = None,
                  mlp_ratio: float = 3.5,

@@ -1,7 +1,7 @@
-from .attention import PolaLinearAttention, RoPESoftmaxAttention, build_token_mixer
-from .blocks import ConvBN, ConvFFN, DropPath, PolaFormerBlock
+from .attention import GatedAttention, PolaLinearAttention, RoPESoftmaxAttention, build_token_mixer
+from .blocks import ConvBN, ConvFFN, PolaFormerBlock
 
 __all__ = [
-    'PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer', 'ConvBN', 'ConvFFN',
-    'DropPath', 'PolaFormerBlock'
+    'GatedAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer', 'ConvBN',
+    'ConvFFN', 'PolaFormerBlock'
 ]

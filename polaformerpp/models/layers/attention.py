@@ -1,31 +1,35 @@
 """Token mixers of PolaFormer++: polarity-aware linear attention and RoPE softmax attention.
 
 Both take and return channels-last feature maps ``(B, H, W, C)`` and share one
-layout: a single ``Linear(C, 4C)`` producing ``[q | k | v | gate]``, a 5x5
-depthwise LePE on ``v`` added to the attention output, the gate multiplied in,
-and an output ``Linear(C, C)``.
+layout: a single ``in_proj = Linear(C, 4C)`` producing ``[q | k | v | gate]``,
+a 5x5 depthwise LePE on ``v`` added to the attention output, the gate
+multiplied in, and an output ``proj = Linear(C, C)``. (The authors name the
+input projection ``qkvg`` in linear and ``qkvo`` in softmax blocks; the
+checkpoint converter maps both to ``in_proj``.)
 """
+from typing import Tuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from polaformerpp.ops import RopeGrid, pola_attention, rope_2d_tables
-from polaformerpp.ops.rope import apply_rope
+from polaformerpp.ops import RopeGrid, apply_rope, pola_attention, rope_2d_tables
 
-__all__ = ['PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer']
+__all__ = ['GatedAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer']
 
 
-class _GatedAttentionBase(nn.Module):
-    """Shared projections: ``Linear(C, 4C) -> [q|k|v|gate]``, LePE, output projection.
+class GatedAttention(nn.Module):
+    """Projections shared by both token mixers: ``in_proj``, ``lepe`` and ``proj``.
+
+    Subclasses implement ``forward`` as ``split_heads`` -> attention over the
+    heads -> ``merge_heads``.
 
     Args:
         embed_dims (int): channels C.
         num_heads (int): heads h; ``C % h == 0``.
-        qkv_name (str): attribute name of the ``Linear(C, 4C)``.
+        lepe_kernel_size (int): kernel of the depthwise LePE conv. Default 5.
     """
-
-    qkv_name = 'qkvg'
 
     def __init__(self, embed_dims: int, num_heads: int, lepe_kernel_size: int = 5):
         super().__init__()
@@ -34,15 +38,24 @@ class _GatedAttentionBase(nn.Module):
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dim = embed_dims // num_heads
-        setattr(self, self.qkv_name, nn.Linear(embed_dims, 4 * embed_dims))
+        self.in_proj = nn.Linear(embed_dims, 4 * embed_dims)
         self.lepe = nn.Conv2d(embed_dims, embed_dims, lepe_kernel_size,
                               padding=lepe_kernel_size // 2, groups=embed_dims)
         self.proj = nn.Linear(embed_dims, embed_dims)
 
-    def _split(self, x: Tensor):
-        """``(B, H, W, C) -> q, k, v (B, h, N, d)``, gate ``(B, H, W, C)``, v as image ``(B, C, H, W)``."""
+    def split_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Project ``x`` and split it into heads.
+
+        Args:
+            x: ``(B, H, W, C)``.
+
+        Returns:
+            tuple: ``q, k, v`` each ``(B, h, N, d)`` with ``N = H * W`` (row-major)
+            and channel ``c`` in head ``c // d``; ``gate`` ``(B, H, W, C)``; and
+            ``v_image`` ``(B, C, H, W)``, the values as an image for the LePE.
+        """
         B, H, W, C = x.shape
-        q, k, v, gate = getattr(self, self.qkv_name)(x).chunk(4, dim=-1)
+        q, k, v, gate = self.in_proj(x).chunk(4, dim=-1)
         v_image = v.permute(0, 3, 1, 2)
 
         def heads(t):
@@ -50,15 +63,16 @@ class _GatedAttentionBase(nn.Module):
 
         return heads(q), heads(k), heads(v), gate, v_image
 
-    def _merge(self, out: Tensor, v_image: Tensor, gate: Tensor) -> Tensor:
-        """Heads ``(B, h, N, d)`` + LePE(v), times the gate, projected: ``(B, H, W, C)``."""
+    def merge_heads(self, out: Tensor, v_image: Tensor, gate: Tensor) -> Tensor:
+        """Heads ``(B, h, N, d)`` plus LePE(``v_image`` ``(B, C, H, W)``), times ``gate``
+        ``(B, H, W, C)``, through ``proj``: ``(B, H, W, C)``."""
         B, H, W, C = gate.shape
         out = out.transpose(1, 2).reshape(B, H, W, C)
         out = out + self.lepe(v_image).permute(0, 2, 3, 1)
         return self.proj(out * gate)
 
 
-class PolaLinearAttention(_GatedAttentionBase):
+class PolaLinearAttention(GatedAttention):
     """Polarity-aware linear attention with channel-wise spiky feature maps.
 
     Learnable temperatures ``temp_same``/``temp_opp`` ``(h, 2d)`` are stored as
@@ -70,9 +84,8 @@ class PolaLinearAttention(_GatedAttentionBase):
         num_heads (int): heads h; the head dim ``C / h`` must be even.
         use_rope (bool): rotate the numerator's feature maps. Default True.
         backend (str): :func:`pola_attention` backend. Default ``'auto'``.
+        lepe_kernel_size (int): kernel of the depthwise LePE conv. Default 5.
     """
-
-    qkv_name = 'qkvg'
 
     def __init__(self, embed_dims: int, num_heads: int, use_rope: bool = True,
                  backend: str = 'auto', lepe_kernel_size: int = 5):
@@ -88,22 +101,22 @@ class PolaLinearAttention(_GatedAttentionBase):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, H, W, C) -> (B, H, W, C)``."""
         B, H, W, C = x.shape
-        q, k, v, gate, v_image = self._split(x)
+        q, k, v, gate, v_image = self.split_heads(x)
         rope = RopeGrid(H, W) if self.use_rope else None  # the backends build the rotation
         out = pola_attention(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
                              rope=rope, backend=self.backend)
-        return self._merge(out, v_image, gate)
+        return self.merge_heads(out, v_image, gate)
 
 
-class RoPESoftmaxAttention(_GatedAttentionBase):
+class RoPESoftmaxAttention(GatedAttention):
     """Softmax attention with a 2-D RoPE on q and k (the late stages' "v" blocks).
 
     Args:
         embed_dims (int): channels C.
         num_heads (int): heads h; the head dim must be a multiple of 4 (2-D RoPE).
+        use_rope (bool): rotate q and k. Default True.
+        lepe_kernel_size (int): kernel of the depthwise LePE conv. Default 5.
     """
-
-    qkv_name = 'qkvo'
 
     def __init__(self, embed_dims: int, num_heads: int, use_rope: bool = True,
                  lepe_kernel_size: int = 5):
@@ -116,12 +129,12 @@ class RoPESoftmaxAttention(_GatedAttentionBase):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, H, W, C) -> (B, H, W, C)``."""
         B, H, W, C = x.shape
-        q, k, v, gate, v_image = self._split(x)
+        q, k, v, gate, v_image = self.split_heads(x)
         if self.use_rope:
             sin, cos = rope_2d_tables(H, W, self.head_dim, device=x.device, dtype=q.dtype)
             q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
         out = F.scaled_dot_product_attention(q, k, v)
-        return self._merge(out, v_image, gate)
+        return self.merge_heads(out, v_image, gate)
 
 
 def build_token_mixer(attn_type: str, embed_dims: int, num_heads: int, backend: str = 'auto') -> nn.Module:

@@ -1,13 +1,12 @@
 """Building blocks of the PolaFormer++ backbone."""
-from typing import Optional
-
 import torch
 import torch.nn as nn
+from mmcv.cnn.bricks import DropPath
 from torch import Tensor
 
 from .attention import build_token_mixer
 
-__all__ = ['ConvBN', 'DropPath', 'ConvFFN', 'PolaFormerBlock']
+__all__ = ['ConvBN', 'ConvFFN', 'PolaFormerBlock']
 
 
 class ConvBN(nn.Sequential):
@@ -17,26 +16,6 @@ class ConvBN(nn.Sequential):
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=kernel_size // 2)
         self.bn = nn.BatchNorm2d(out_channels)
-
-
-class DropPath(nn.Module):
-    """Stochastic depth: drop the whole residual branch per sample with probability ``drop_prob``."""
-
-    def __init__(self, drop_prob: float = 0.0):
-        super().__init__()
-        if not 0.0 <= drop_prob < 1.0:
-            raise ValueError(f'drop_prob must be in [0, 1), got {drop_prob}')
-        self.drop_prob = drop_prob
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.drop_prob == 0.0 or not self.training:
-            return x
-        keep = 1.0 - self.drop_prob
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
-        return x * mask / keep
-
-    def extra_repr(self) -> str:
-        return f'drop_prob={self.drop_prob}'
 
 
 class ConvFFN(nn.Module):
@@ -67,7 +46,9 @@ class PolaFormerBlock(nn.Module):
         num_heads (int): attention heads.
         attn_type (str): ``'linear'`` (polarity-aware) or ``'softmax'``.
         mlp_ratio (float): FFN hidden width ``int(mlp_ratio * C)``.
-        drop_path (float): stochastic depth rate of this block.
+        drop_path (float): stochastic depth rate of this block, in ``[0, 1)``
+            (mmcv's ``DropPath``: per-sample, kept paths scaled by ``1 / (1 - rate)``,
+            identity in eval mode).
         layer_scale_init_value (float): initial value of ``gamma1``/``gamma2``.
         attn_backend (str): :func:`pola_attention` backend of linear attention.
     """
@@ -76,6 +57,8 @@ class PolaFormerBlock(nn.Module):
                  mlp_ratio: float = 3.5, drop_path: float = 0.0,
                  layer_scale_init_value: float = 1.0, attn_backend: str = 'auto'):
         super().__init__()
+        if not 0.0 <= drop_path < 1.0:
+            raise ValueError(f'drop_path must be in [0, 1), got {drop_path}')
         self.attn_type = attn_type
         self.cpe = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
         self.norm1 = nn.LayerNorm(embed_dims, eps=1e-6)

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import REPO_ROOT, load_tool
 
-# multiply-accumulates at 224x224 (SPEC section 2), in GFLOPs
+# the published multiply-accumulates at 224x224, in GFLOPs
 PUBLISHED_GFLOPS = dict(b0=0.668, b1=1.003, b2=2.731, b3=5.070, b4=11.052, b5=17.744)
 PUBLISHED_PARAMS = dict(b0=7_548_712, b1=9_227_496, b2=16_450_664, b3=27_145_896, b4=49_798_792,
                         b5=97_773_000)

@@ -5,7 +5,7 @@ import torch.nn as nn
 
 from polaformerpp.models import PolaFormerPP
 
-# The authors' classifiers (1000 classes), SPEC section 2.
+# The published parameter counts of the authors' classifiers (1000 classes).
 AUTHORS_PARAMS = dict(b0=7_548_712, b1=9_227_496, b2=16_450_664, b3=27_145_896, b4=49_798_792,
                       b5=97_773_000)
 
