@@ -1,15 +1,8 @@
 # PolaFormer++-b3 on ImageNet-1K: the published 300-epoch recipe, 8 GPUs x 128 images.
-_base_ = [
-    '../_base_/models/polapp_classifier.py',
-    '../_base_/datasets/imagenet_bs256_polapp_224.py',
-    '../_base_/schedules/imagenet_adamw_300e_polapp.py',
-    '../_base_/default_runtime.py',
-]
+# As b0 with the arch and the batch changed (drop path from the arch zoo).
+_base_ = ['./polapp-b0_8xb256_in1k.py']
 
-model = dict(
-    backbone=dict(arch='b3'),  # drop path from the arch zoo
-    head=dict(in_channels=2048),
-)
+model = dict(backbone=dict(arch='b3'))
 
 train_dataloader = dict(batch_size=128)
 

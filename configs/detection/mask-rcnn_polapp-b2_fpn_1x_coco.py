@@ -2,11 +2,13 @@
 # 1333x800 single scale; 2 images/GPU x 8 GPUs (16 per iteration), AdamW lr 1e-4,
 # weight decay 0.05, mixed precision.
 #   bash tools/dist_train.sh configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py 8
+# mmdet's Mask R-CNN with its ResNet-50 replaced by the PolaFormer++ backbone, which
+# returns its four stage outputs (strides 4/8/16/32, each through a LayerNorm).
 _base_ = [
-    '../_base_/detection/mask-rcnn_polapp_fpn.py',
-    '../_base_/detection/coco_instance.py',
-    '../_base_/detection/schedule_adamw_1x.py',
-    '../_base_/detection/default_runtime.py',
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    './_base_/coco_instance.py',
+    './_base_/schedule_adamw_1x.py',
+    './_base_/default_runtime.py',
 ]
 
 # ImageNet-1K classifier (tools/train.py work dir or tools/model_converters/polapp_official2mm.py);
@@ -16,6 +18,12 @@ pretrained = 'checkpoints/polapp-b2_in1k.pth'
 
 model = dict(
     backbone=dict(
+        _delete_=True,
+        type='PolaFormerPP',
         arch='b2',
+        out_indices=(0, 1, 2, 3),
+        attn_types=('linear', 'linear', 'softmax', 'softmax'),
+        frozen_stages=-1,
+        norm_eval=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
     neck=dict(in_channels=[64, 128, 256, 512]))

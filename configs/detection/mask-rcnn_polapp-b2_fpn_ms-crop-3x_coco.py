@@ -4,23 +4,16 @@
 # resize to 480-800); 2 images/GPU x 8 GPUs (16 per iteration), AdamW lr 1e-4,
 # weight decay 0.05, mixed precision.
 #   bash tools/dist_train.sh configs/detection/mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py 8
-_base_ = [
-    '../_base_/detection/mask-rcnn_polapp_fpn.py',
-    '../_base_/detection/coco_instance.py',
-    '../_base_/detection/schedule_adamw_3x.py',
-    '../_base_/detection/default_runtime.py',
+_base_ = ['./mask-rcnn_polapp-b2_fpn_1x_coco.py']
+
+# the published 3x schedule: 36 epochs, lr x0.1 at epochs 27 and 33, otherwise as 1x
+max_epochs = 36
+train_cfg = dict(max_epochs=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[27, 33],
+         gamma=0.1),
 ]
-
-# ImageNet-1K classifier (tools/train.py work dir or tools/model_converters/polapp_official2mm.py);
-# the backbone is stored under 'backbone.'. Override with
-# --cfg-options model.backbone.init_cfg.checkpoint=PATH
-pretrained = 'checkpoints/polapp-b2_in1k.pth'
-
-model = dict(
-    backbone=dict(
-        arch='b2',
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
-    neck=dict(in_channels=[64, 128, 256, 512]))
 
 # (width, height) scales: keep_ratio resizes the short side to the smaller
 # value unless the long side would exceed 1333

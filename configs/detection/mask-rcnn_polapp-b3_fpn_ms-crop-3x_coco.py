@@ -7,7 +7,5 @@ _base_ = ['./mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py']
 pretrained = 'checkpoints/polapp-b3_in1k.pth'
 
 model = dict(
-    backbone=dict(
-        arch='b3',
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
+    backbone=dict(arch='b3', init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[64, 128, 320, 512]))

@@ -7,7 +7,5 @@ _base_ = ['./mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py']
 pretrained = 'checkpoints/polapp-b4_in1k.pth'
 
 model = dict(
-    backbone=dict(
-        arch='b4',
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
+    backbone=dict(arch='b4', init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[96, 192, 384, 512]))

@@ -2,11 +2,19 @@
 # 1333x800 single scale; 2 images/GPU x 8 GPUs (16 per iteration), AdamW lr 1e-4,
 # weight decay 1e-4, mixed precision.
 #   bash tools/dist_train.sh configs/detection/retinanet_polapp-b2_fpn_1x_coco.py 8
+# mmdet's RetinaNet with its ResNet-50 replaced by the PolaFormer++ backbone.
+#
+# The pyramid starts at stride 8 with two extra levels convolved from the
+# stride-32 backbone output (P3-P7, mmdet's `start_level=1,
+# add_extra_convs='on_input'` over the four stage outputs). The backbone
+# returns only the three stage outputs the FPN reads (out_indices 1-3, strides
+# 8/16/32), so the FPN's start_level is 0 over them: the same network, with no
+# unused stride-4 output norm (unused parameters break DDP training).
 _base_ = [
-    '../_base_/detection/retinanet_polapp_fpn.py',
-    '../_base_/detection/coco_detection.py',
-    '../_base_/detection/schedule_adamw_1x.py',
-    '../_base_/detection/default_runtime.py',
+    'mmdet::_base_/models/retinanet_r50_fpn.py',
+    './_base_/coco_detection.py',
+    './_base_/schedule_adamw_1x.py',
+    './_base_/default_runtime.py',
 ]
 
 # ImageNet-1K classifier (tools/train.py work dir or tools/model_converters/polapp_official2mm.py);
@@ -16,9 +24,15 @@ pretrained = 'checkpoints/polapp-b2_in1k.pth'
 
 model = dict(
     backbone=dict(
+        _delete_=True,
+        type='PolaFormerPP',
         arch='b2',
+        out_indices=(1, 2, 3),
+        attn_types=('linear', 'linear', 'softmax', 'softmax'),
+        frozen_stages=-1,
+        norm_eval=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
     # the FPN reads stages 2-4 (strides 8/16/32): P3-P5 plus P6-P7 convolved from C5
-    neck=dict(in_channels=[128, 256, 512]))
+    neck=dict(in_channels=[128, 256, 512], start_level=0))
 
 optim_wrapper = dict(optimizer=dict(weight_decay=1e-4))

@@ -3,19 +3,17 @@
 # 1500-iteration warm-up then poly (power 1.0), whole-image single-scale test.
 #   bash tools/dist_train.sh configs/segmentation/polapp-b1_lightham_8xb2-160k_ade20k-512x512.py 8
 _base_ = [
-    '../_base_/segmentation/polapp_lightham.py',
-    '../_base_/segmentation/ade20k_512x512.py',
-    '../_base_/segmentation/schedule_adamw_160k.py',
-    '../_base_/segmentation/default_runtime.py',
+    './_base_/polapp_lightham.py',
+    './_base_/ade20k_512x512.py',
+    './_base_/schedule_adamw_160k.py',
+    './_base_/default_runtime.py',
 ]
 # the ImageNet-1K classifier (this project's training, or the authors' release
 # converted by tools/model_converters/polapp_official2mm.py); its weights sit under
 # 'backbone.'. Set model.backbone.init_cfg=None to train from scratch.
 pretrained = 'checkpoints/polapp-b1_in1k.pth'
 
-crop_size = (512, 512)
 model = dict(
-    data_preprocessor=dict(size=crop_size),
     backbone=dict(
         arch='b1',  # drop path from the arch zoo
         init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),

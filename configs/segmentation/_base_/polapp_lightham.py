@@ -2,7 +2,9 @@
 # decomposition by NMF) on the outputs of stages 2-4 (strides 8/16/32),
 # channels 512, MD_R 16, GroupNorm(32). The backbone returns only those three
 # outputs (out_indices 1-3, so every parameter takes part in the loss, as DDP
-# requires); in_index selects all three of them.
+# requires); in_index selects all three of them. mmseg 1.2.2 has LightHam only
+# inside its SegNeXt configs (with their MSCAN backbone and schedule), not as a
+# model base, so the model is stated here.
 data_preprocessor = dict(
     type='SegDataPreProcessor',
     mean=[123.675, 116.28, 103.53],

@@ -14,9 +14,10 @@ CONFIGS = sorted(glob.glob(osp.join(REPO_ROOT, 'configs', 'classification', 'pol
 
 
 def build_classifier(cfg):
-    import polaformerpp  # noqa: F401
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
+
+    import polaformerpp  # noqa: F401
     init_default_scope('mmpretrain')
     model_cfg = cfg.model.copy()
     model_cfg.setdefault('data_preprocessor', cfg.get('data_preprocessor'))  # as the Runner does
