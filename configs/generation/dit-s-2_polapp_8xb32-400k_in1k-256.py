@@ -24,7 +24,7 @@ model = dict(
         num_classes=num_classes,
         class_dropout_prob=0.1,
         learn_sigma=True,
-        attn_type='pola',  # 'softmax' for the original DiT attention
+        attn_type='linear',  # 'softmax' for the original DiT attention
     ),
     space='latent',
     vae=dict(type='SDVAE', path='data/sd-vae-ft-ema', scale_factor=0.18215),

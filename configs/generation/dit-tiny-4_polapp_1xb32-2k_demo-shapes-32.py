@@ -23,7 +23,7 @@ model = dict(
         num_classes=num_classes,
         class_dropout_prob=0.1,
         learn_sigma=True,
-        attn_type='pola'),
+        attn_type='linear'),
     space='pixel',
     vae=None,
     sample_cfg=dict(num_steps=25, sampler='ddim', cfg_scale=1.0),

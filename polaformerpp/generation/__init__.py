@@ -10,13 +10,17 @@ registers in mmengine's root registries:
 * ``METRICS``: ``GenerationFID``.
 """
 from .datasets import ClassImageFolder, center_crop_image
-from .diffusion import (GaussianDiffusion, discretized_gaussian_log_likelihood, linear_beta_schedule,
-                        normal_kl, randn_batch, space_timesteps)
+from .diffusion import (
+    GaussianDiffusion,
+    discretized_gaussian_log_likelihood,
+    linear_beta_schedule,
+    normal_kl,
+    randn_batch,
+    space_timesteps,
+)
 from .dit import DIT_ARCHS, DIT_SIZES, DiT, build_dit, dit_param_count
-from .features import (InceptionV3Features, RandomConvFeatures, build_feature_extractor,
-                       extract_features)
-from .metrics import (GenerationFID, feature_statistics, frechet_distance, inception_score,
-                      load_reference)
+from .features import InceptionV3Features, RandomConvFeatures, build_feature_extractor, extract_features
+from .metrics import GenerationFID, feature_statistics, frechet_distance, inception_score, load_reference
 from .model import DiffusionDataPreprocessor, DiTDiffusion
 from .sampling import guided_model_fn, make_grid, sample_generators, to_uint8
 from .vae import SDVAE

@@ -16,8 +16,15 @@ import torch.nn as nn
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from .dit_layers import (ATTENTION_TYPES, DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed,
-                         TimestepEmbedder, sincos_pos_embed_2d)
+from .dit_layers import (
+    ATTENTION_TYPES,
+    DiTBlock,
+    FinalLayer,
+    LabelEmbedder,
+    PatchEmbed,
+    TimestepEmbedder,
+    sincos_pos_embed_2d,
+)
 
 __all__ = ['DiT', 'DIT_SIZES', 'DIT_ARCHS', 'build_dit', 'dit_param_count']
 
@@ -76,7 +83,7 @@ class DiT(nn.Module):
             guidance); 0 disables the null class.
         learn_sigma (bool): also predict the interpolation ``v`` of the variance,
             doubling the output channels.
-        attn_type (str): ``'pola'`` (PolaFormer++ linear attention, default) or
+        attn_type (str): ``'linear'`` (PolaFormer++ linear attention, default) or
             ``'softmax'`` (the original DiT attention).
         mlp_ratio (float): MLP hidden width over ``hidden_size``.
         attn_backend (str): :func:`polaformerpp.ops.pola_attention` backend.
@@ -84,7 +91,7 @@ class DiT(nn.Module):
 
     def __init__(self, arch: Union[str, dict] = 'DiT-S/2', input_size: Union[int, Sequence[int]] = 32,
                  in_channels: int = 4, num_classes: int = 1000, class_dropout_prob: float = 0.1,
-                 learn_sigma: bool = True, attn_type: str = 'pola', mlp_ratio: float = 4.0,
+                 learn_sigma: bool = True, attn_type: str = 'linear', mlp_ratio: float = 4.0,
                  attn_backend: str = 'auto'):
         super().__init__()
         spec = _resolve_arch(arch)
@@ -217,7 +224,7 @@ def dit_param_count(arch: Union[str, dict], input_size: int = 32, in_channels: i
     mlp = int(C * mlp_ratio)
     if attn_type == 'softmax':
         attn = C * 3 * C + 3 * C + C * C + C
-    else:  # qkvg, 5x5 depthwise LePE, proj, two (h, 2d) temperatures
+    else:  # 'linear': input projection C -> 4C, 5x5 depthwise LePE, proj, two (h, 2d) temperatures
         attn = C * 4 * C + 4 * C + 25 * C + C + C * C + C + 2 * heads * 2 * d
     block = attn + (C * mlp + mlp + mlp * C + C) + (C * 6 * C + 6 * C)
     total = (in_channels * p * p * C + C  # patch embedding

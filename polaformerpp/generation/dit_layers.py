@@ -23,7 +23,9 @@ __all__ = [
     'FinalLayer', 'modulate'
 ]
 
-ATTENTION_TYPES = ('pola', 'softmax')
+#: token mixers of a DiT block, named as in the backbone's ``attn_types``:
+#: ``'linear'`` (PolaFormer++ linear attention) or ``'softmax'`` (the original DiT attention).
+ATTENTION_TYPES = ('linear', 'softmax')
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -149,8 +151,8 @@ class SoftmaxSelfAttention(nn.Module):
 class PolaTokenAttention(PolaLinearAttention):
     """PolaFormer++ linear attention on DiT tokens (no RoPE: DiT keeps its absolute embedding).
 
-    :class:`polaformerpp.models.layers.PolaLinearAttention` (``qkvg``
-    ``C -> 4C``, value split over the two polarity streams, channel-wise
+    :class:`polaformerpp.models.layers.PolaLinearAttention` (input projection
+    ``C -> 4C`` into q, k, v and the gate, value split over the two polarity streams, channel-wise
     temperatures, 5x5 LePE on the token grid, gate, output projection) applied
     to a token sequence: ``forward(x (B, N, C), grid (gh, gw)) -> (B, N, C)``.
     """
@@ -167,8 +169,8 @@ class PolaTokenAttention(PolaLinearAttention):
 
 def build_dit_attention(attn_type: str, embed_dims: int, num_heads: int,
                         backend: str = 'auto') -> nn.Module:
-    """``'pola'`` -> :class:`PolaTokenAttention`, ``'softmax'`` -> :class:`SoftmaxSelfAttention`."""
-    if attn_type == 'pola':
+    """``'linear'`` -> :class:`PolaTokenAttention`, ``'softmax'`` -> :class:`SoftmaxSelfAttention`."""
+    if attn_type == 'linear':
         return PolaTokenAttention(embed_dims, num_heads, backend=backend)
     if attn_type == 'softmax':
         return SoftmaxSelfAttention(embed_dims, num_heads)
@@ -183,7 +185,7 @@ class DiTBlock(nn.Module):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0,
-                 attn_type: str = 'pola', attn_backend: str = 'auto'):
+                 attn_type: str = 'linear', attn_backend: str = 'auto'):
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.attn = build_dit_attention(attn_type, hidden_size, num_heads, attn_backend)

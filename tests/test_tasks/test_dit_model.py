@@ -1,0 +1,125 @@
+"""DiT with PolaFormer++ or softmax attention: registry names, sizes and parameter counts,
+forward pass, position embedding, label dropout, argument checks."""
+import pytest
+import torch
+from mmengine.registry import DATASETS, METRICS, MODELS
+
+from generation_testing import TINY_ARCH, randomize_, tiny_dit
+from polaformerpp.generation import DIT_ARCHS, ClassImageFolder, DiT, GenerationFID, dit_param_count
+from polaformerpp.generation.dit_layers import PolaTokenAttention, SoftmaxSelfAttention
+from polaformerpp.models.layers import PolaLinearAttention
+
+
+def test_names_are_registered_in_root_registries():
+    for name in DIT_ARCHS:
+        assert MODELS.get(name) is not None, name
+    assert len(DIT_ARCHS) == 12
+    for name in ('DiT', 'DiTDiffusion', 'DiffusionDataPreprocessor', 'SDVAE', 'InceptionV3Features',
+                 'RandomConvFeatures'):
+        assert MODELS.get(name) is not None, name
+    assert DATASETS.get('ClassImageFolder') is ClassImageFolder
+    assert METRICS.get('GenerationFID') is GenerationFID
+
+
+@pytest.mark.parametrize('name', sorted(DIT_ARCHS))
+def test_every_size_builds(name):
+    with torch.device('meta'):
+        net = MODELS.build(dict(type=name, input_size=32, in_channels=4, num_classes=1000))
+    spec = DIT_ARCHS[name]
+    assert len(net.blocks) == spec['depth'] and net.patch_size == spec['patch_size']
+    assert isinstance(net.blocks[0].attn, PolaTokenAttention)
+    assert net.grid == (32 // spec['patch_size'], ) * 2 and net.out_channels == 8
+    count = sum(p.numel() for p in net.parameters()) + net.pos_embed.numel()
+    assert count == dit_param_count(name, attn_type='linear')
+
+
+PUBLISHED_PARAMS = {'DiT-S/2': 33e6, 'DiT-B/2': 130e6, 'DiT-L/2': 458e6, 'DiT-XL/2': 675e6}
+
+
+@pytest.mark.parametrize('name', sorted(PUBLISHED_PARAMS))
+def test_param_counts_match_published_dit(name):
+    counts = {}
+    for attn_type in ('softmax', 'linear'):
+        with torch.device('meta'):
+            net = DiT(name, input_size=32, in_channels=4, num_classes=1000, attn_type=attn_type)
+        # the published numbers count the fixed position table (a frozen parameter there)
+        counts[attn_type] = sum(p.numel() for p in net.parameters()) + net.pos_embed.numel()
+        assert counts[attn_type] == dit_param_count(name, attn_type=attn_type)
+    assert abs(counts['softmax'] / PUBLISHED_PARAMS[name] - 1) < 0.01, counts
+    if name == 'DiT-XL/2':
+        assert counts['softmax'] == 675_129_632
+    # PolaFormer++ adds the gate (C*C + C), LePE (26C) and temperatures (4C) per block
+    spec = DIT_ARCHS[name]
+    C = spec['hidden_size']
+    assert counts['linear'] - counts['softmax'] == spec['depth'] * (C * C + C + 26 * C + 4 * C)
+    print(f"{name}: softmax {counts['softmax']:,}  linear {counts['linear']:,}")
+
+
+@pytest.mark.parametrize('attn_type', ['linear', 'softmax'])
+def test_tiny_dit_forward_zero_init_and_gradients(attn_type):
+    net = tiny_dit(attn_type)
+    x, t, y = torch.randn(3, 3, 8, 8), torch.tensor([0, 10, 999]), torch.tensor([0, 3, 4])
+    out = net(x, t, y)
+    assert out.shape == (3, 6, 8, 8)
+    assert torch.count_nonzero(out) == 0  # adaLN-Zero and a zero output layer
+    out.sum().backward()
+    assert net.final_layer.linear.weight.grad.abs().sum() > 0
+    attn_cls = PolaTokenAttention if attn_type == 'linear' else SoftmaxSelfAttention
+    assert all(isinstance(b.attn, attn_cls) for b in net.blocks)
+    randomize_(net)
+    assert torch.isfinite(net(x, t, y)).all()
+
+
+def test_pola_token_attention_is_the_grid_attention_without_rope():
+    torch.manual_seed(0)
+    attn = PolaTokenAttention(32, 2)
+    assert isinstance(attn, PolaLinearAttention) and not attn.use_rope
+    grid_attn = PolaLinearAttention(32, 2, use_rope=False)
+    grid_attn.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 3 * 4, 32)
+    expected = grid_attn(x.reshape(2, 3, 4, 32)).reshape(2, 12, 32)
+    torch.testing.assert_close(attn(x, (3, 4)), expected)
+
+
+def test_pos_embed_is_fixed_sincos():
+    net = tiny_dit()
+    assert 'pos_embed' in dict(net.named_buffers()) and 'pos_embed' in net.state_dict()
+    pe = net.pos_embed[0]  # (16, 32): first half columns, second half rows, each [sin | cos]
+    assert pe.shape == (16, 32)
+    torch.testing.assert_close(pe[:, :8], torch.sin(pe[:, :8].asin()))
+    torch.testing.assert_close(pe[1, :8], torch.sin(torch.ones(8) / 10000 ** (torch.arange(8) / 8)))
+    torch.testing.assert_close(pe[4, 16:24], pe[1, :8])  # row 1 at col 0 == col 1 at row 0
+
+
+def test_label_dropout_and_null_class():
+    net = DiT(TINY_ARCH, input_size=8, in_channels=3, num_classes=4, class_dropout_prob=0.5)
+    emb = net.y_embedder
+    assert emb.embedding_table.num_embeddings == 5 and net.null_class == 4
+    labels = torch.zeros(400, dtype=torch.long)
+    emb.train()
+    rows = emb(labels)
+    is_null = (rows == emb.embedding_table.weight[4]).all(dim=1)
+    assert 100 < int(is_null.sum()) < 300
+    emb.eval()
+    assert not (emb(labels) == emb.embedding_table.weight[4]).all(dim=1).any()
+    no_cfg = DiT(TINY_ARCH, input_size=8, in_channels=3, num_classes=4, class_dropout_prob=0.0)
+    assert no_cfg.y_embedder.embedding_table.num_embeddings == 4
+    with pytest.raises(ValueError, match='class_dropout_prob > 0'):
+        no_cfg.null_class
+
+
+
+def test_dit_bad_inputs_get_clear_errors():
+    with pytest.raises(ValueError, match="unknown DiT arch 'DiT-XXL/2'.*DiT-B/2"):
+        DiT('DiT-XXL/2')
+    with pytest.raises(KeyError):
+        MODELS.build(dict(type='DiT-XXL/2'))
+    with pytest.raises(ValueError, match='divisible by the patch size 8'):
+        DiT('DiT-S/8', input_size=36)
+    with pytest.raises(ValueError, match='attn_type'):
+        tiny_dit(attn_type='flash')
+    with pytest.raises(ValueError, match='arch dict needs exactly'):
+        DiT(dict(depth=2, hidden_size=32))
+    net = tiny_dit()
+    with pytest.raises(ValueError, match=r'x must have shape \(B, 3, 8, 8\)'):
+        net(torch.randn(1, 3, 16, 16), torch.tensor([1]), torch.tensor([0]))

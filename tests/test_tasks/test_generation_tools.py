@@ -1,0 +1,36 @@
+"""tools/generation: argument checks of sample.py and fid.py, fid.py on feature files."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import load_tool
+from generation_testing import PIXEL_CONFIG
+
+
+def test_generation_tools_bad_arguments_get_clear_errors(tmp_path):
+    sample = load_tool('tools/generation/sample.py')
+    with pytest.raises(ValueError, match='--cfg-scale must be >= 1'):
+        sample.parse_args([PIXEL_CONFIG, 'x.pth', '--out-dir', str(tmp_path), '--cfg-scale', '0.5'])
+    with pytest.raises(FileNotFoundError, match='checkpoint not found'):
+        sample.parse_args([PIXEL_CONFIG, str(tmp_path / 'x.pth'), '--out-dir', str(tmp_path)])
+    fid = load_tool('tools/generation/fid.py')
+    images = tmp_path / 'images.npz'
+    np.savez(images, arr_0=np.zeros((4, 8, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match='--inception PATH'):
+        fid.compute(fid.parse_args([str(images), str(images)]))
+    with pytest.raises(FileNotFoundError, match='missing.npz'):
+        fid.compute(fid.parse_args([str(images), str(tmp_path / 'missing.npz')]))
+
+
+def test_fid_tool_on_feature_files(tmp_path):
+    rng = np.random.default_rng(0)
+    a, b = tmp_path / 'a.npz', tmp_path / 'b.npz'
+    np.savez(a, pool=rng.normal(0, 1, (500, 4)), logits=rng.normal(size=(500, 10)))
+    np.savez(b, mu=np.full(4, 1.0), sigma=np.eye(4))
+    fid = load_tool('tools/generation/fid.py')
+    out = tmp_path / 'fid.json'
+    result = fid.main([str(a), str(b), '--out-json', str(out)])
+    assert result['FID'] == pytest.approx(4.0, abs=0.5) and result['IS'] > 1.0
+    assert json.loads(out.read_text())['FID'] == pytest.approx(result['FID'])
+
