@@ -1,3 +1,8 @@
+"""Helpers shared by the test folders (imported as ``from conftest import ...``).
+
+The package is installed in editable mode in the environment, so neither the
+tests nor the tools they run need the repository on ``sys.path``.
+"""
 import os
 import os.path as osp
 import socket
@@ -15,14 +20,15 @@ try:
 except ImportError:  # pragma: no cover
     pass
 
+#: the repository root (configs and tools are addressed relative to it)
 REPO_ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
-sys.path.insert(0, REPO_ROOT)
 
 
 def linear_backbones(*backends, seed=0):
     """Tiny all-linear-attention PolaFormerPP models in eval mode, one per attention backend,
     with the same weights and spread temperatures (they start at 0, i.e. 0.5 after the sigmoid)."""
     import torch
+
     from polaformerpp.models.backbones import PolaFormerPP
 
     def build(backend):
@@ -53,10 +59,13 @@ def load_tool(relpath):
 
 
 def run_tool(args, cwd=None, env=None, timeout=1800):
-    """Run ``python <args...>`` (or a shell script) from the repo root; fail with its output."""
+    """Run ``python <args...>`` (or a shell script) from the repo root; fail with its output.
+
+    The child uses this interpreter (``PYTHON`` for the shell scripts), so it
+    finds the package installed in the same environment.
+    """
     full_env = dict(os.environ)
     full_env.setdefault('PYTHON', sys.executable)
-    full_env['PYTHONPATH'] = REPO_ROOT + os.pathsep + full_env.get('PYTHONPATH', '')
     full_env['OMP_NUM_THREADS'] = full_env.get('OMP_NUM_THREADS', '2')
     if env:
         full_env.update(env)
@@ -70,6 +79,7 @@ def run_tool(args, cwd=None, env=None, timeout=1800):
 
 
 def free_port():
+    """A TCP port on 127.0.0.1 that is free right now (for torchrun's ``--master_port``)."""
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]

@@ -2,6 +2,7 @@
 # Distributed evaluation over torchrun.
 #   bash tools/dist_test.sh CONFIG CHECKPOINT GPUS [test.py args...]
 # Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT; gloo on a machine without CUDA.
+# PYTHON picks the interpreter of the environment that has the package installed.
 set -euo pipefail
 if [[ $# -lt 3 ]]; then
     echo "usage: $0 CONFIG CHECKPOINT GPUS [test.py args...]" >&2
@@ -17,7 +18,6 @@ MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 PYTHON=${PYTHON:-python}
 TOOLS=$(cd "$(dirname "$0")" && pwd)
 
-PYTHONPATH="$TOOLS/..${PYTHONPATH:+:$PYTHONPATH}" \
 "$PYTHON" -m torch.distributed.run \
     --nnodes="$NNODES" \
     --node_rank="$NODE_RANK" \

@@ -2,7 +2,8 @@
 # Distributed training over torchrun.
 #   bash tools/dist_train.sh CONFIG GPUS [train.py args...]
 # Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT. On a machine without CUDA the
-# processes use the gloo backend (CPU), which is how the tests run it.
+# processes use the gloo backend (CPU), which is how the tests run it. PYTHON picks the
+# interpreter of the environment that has the package installed (default: python).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 CONFIG GPUS [train.py args...]" >&2
@@ -17,7 +18,6 @@ MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 PYTHON=${PYTHON:-python}
 TOOLS=$(cd "$(dirname "$0")" && pwd)
 
-PYTHONPATH="$TOOLS/..${PYTHONPATH:+:$PYTHONPATH}" \
 "$PYTHON" -m torch.distributed.run \
     --nnodes="$NNODES" \
     --node_rank="$NODE_RANK" \

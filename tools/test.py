@@ -12,7 +12,6 @@ import json
 import numbers
 import os
 import os.path as osp
-import sys
 
 import torch  # noqa: F401
 from mmengine.config import Config, DictAction
@@ -20,10 +19,13 @@ from mmengine.evaluator import DumpResults
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..')))
-
-from polaformerpp.utils import (adapt_cfg_to_device, allow_trusted_checkpoint_loading,  # noqa: E402
-                                apply_common_args, init_distributed_if_cpu, shutdown_distributed)
+from polaformerpp.utils import (
+    adapt_cfg_to_device,
+    allow_trusted_checkpoint_loading,
+    apply_common_args,
+    init_distributed_if_cpu,
+    shutdown_distributed,
+)
 
 
 def parse_args(argv=None):

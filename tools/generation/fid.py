@@ -18,15 +18,17 @@ Examples::
 import argparse
 import json
 import os.path as osp
-import sys
 
 import numpy as np
 import torch
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.generation import (InceptionV3Features, RandomConvFeatures,  # noqa: E402
-                                     frechet_distance, inception_score, load_reference)
+from polaformerpp.generation import (
+    InceptionV3Features,
+    RandomConvFeatures,
+    frechet_distance,
+    inception_score,
+    load_reference,
+)
 
 
 def parse_args(argv=None):

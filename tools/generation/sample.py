@@ -21,7 +21,6 @@ import math
 import os
 import os.path as osp
 import shutil
-import sys
 
 import numpy as np
 import torch
@@ -32,9 +31,7 @@ from mmengine.runner import load_checkpoint
 from mmengine.utils import import_modules_from_strings
 from PIL import Image
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-
-from polaformerpp.utils import allow_trusted_checkpoint_loading  # noqa: E402
+from polaformerpp.utils import allow_trusted_checkpoint_loading
 
 
 def parse_args(argv=None):

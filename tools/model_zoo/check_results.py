@@ -174,7 +174,6 @@ def run_test(entry, work_dir, gpus, cfg_options):
     os.makedirs(work_dir, exist_ok=True)
     cmd = build_test_command(entry, work_dir, gpus, cfg_options)
     env = dict(os.environ, PYTHON=sys.executable)
-    env['PYTHONPATH'] = REPO_ROOT + os.pathsep + env.get('PYTHONPATH', '')
     log = osp.join(work_dir, 'test.log')
     with open(log, 'w') as f:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
