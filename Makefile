@@ -1,7 +1,7 @@
 # The two set-up commands:
 #   make demo   create the environment, train PolaFormer++-b0 briefly on the
 #               generated ImageNet-format demo set (CPU), evaluate, print top-1
-#   make test   create the environment and run the whole test suite
+#   make test   create the environment, lint, and run the whole test suite
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 export PYTHON
@@ -10,7 +10,7 @@ DEMO_CONFIG := configs/classification/polapp-b0_1xb32-30e_demo-shapes.py
 DEMO_DATA ?= data/demo_in1k
 DEMO_WORK_DIR ?= work_dirs/demo
 
-.PHONY: env demo test test-fast
+.PHONY: env demo lint test test-fast
 
 env:
 	bash tools/setup_env.sh
@@ -26,8 +26,12 @@ demo: env
 	@$(PYTHON) -c "import json; m = json.load(open('$(DEMO_WORK_DIR)/test_metrics.json')); \
 		print('PolaFormer++-b0 demo: top-1 = %.2f%% (chance 25%%)' % m['accuracy/top1'])"
 
-# Whole suite, end-to-end ('slow') runs included: what CI runs.
-test: env
+# flake8 + isort rules through ruff (settings in ruff.toml); a few seconds.
+lint: env
+	$(PYTHON) -m ruff check .
+
+# Lint, then the whole suite, end-to-end ('slow') runs included: what CI runs.
+test: lint
 	$(PYTHON) -m pytest tests -m "slow or not slow"
 
 # Default fast suite.

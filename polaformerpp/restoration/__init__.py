@@ -14,10 +14,10 @@ scope):
 """
 from .datasets import PairedImageDataset, SRBenchmarkDataset
 from .hooks import SaveSRImagesHook
-from .resize import imresize, modcrop
 from .metrics import PSNR, SSIM, psnr, rgb_to_y, ssim
 from .model import DIV2K_RGB_MEAN, SRDataPreprocessor, SRRestorer
 from .network import PolaPPSRLight
+from .resize import imresize, modcrop
 from .transforms import LoadPairedImages, PackSRInputs, PairedFlipRot, PairedRandomCrop
 
 __all__ = [

@@ -146,5 +146,5 @@ class SRBenchmarkDataset(PairedImageDataset):
                 return gt_dir, lr_dir, tmpl
         raise FileNotFoundError(
             f'no SR test set layout found under {set_root} for x{scale}; expected one of: '
-            + '; '.join(f'{g}/ + {l.format(scale=scale)}/' if l else f'{g}/ (HR only)'
-                        for g, l, _ in layouts))
+            + '; '.join(f'{gt}/ + {lr.format(scale=scale)}/' if lr else f'{gt}/ (HR only)'
+                        for gt, lr, _ in layouts))

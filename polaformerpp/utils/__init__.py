@@ -1,5 +1,10 @@
-from .runtime import (adapt_cfg_to_device, allow_trusted_checkpoint_loading, apply_common_args,
-                      init_distributed_if_cpu, shutdown_distributed)
+from .runtime import (
+    adapt_cfg_to_device,
+    allow_trusted_checkpoint_loading,
+    apply_common_args,
+    init_distributed_if_cpu,
+    shutdown_distributed,
+)
 
 __all__ = [
     'allow_trusted_checkpoint_loading', 'apply_common_args', 'adapt_cfg_to_device',
