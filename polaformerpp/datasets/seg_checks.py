@@ -12,7 +12,8 @@ not at all). This module fails at the source instead:
   naming the folders, suffixes and files.
 * The ``CheckSegMapShape`` transform, placed right after ``LoadAnnotations``,
   raises when a label map is not a single-channel map of the image's
-  original size, naming both files and both sizes.
+  original size, naming both files and both sizes. Images without an
+  annotation (mmseg's inference APIs on a plain image) pass unchecked.
 
 Import it through the config::
 
@@ -86,13 +87,30 @@ class CheckSegMapShape(BaseTransform):
     changes the label map's geometry). It compares with ``ori_shape``, the
     size of the decoded image, so it also works after a test-time ``Resize``.
 
-    Required keys: ``gt_seg_map``, ``ori_shape`` (or ``img_shape``).
+    The rule: the check runs where an annotation was asked for, i.e. where
+    the results carry a ``seg_map_path`` (set by the dataset for every image
+    of a split with a label folder) or a ``gt_seg_map``:
+
+    * neither key (or ``seg_map_path=None``): a plain image, as mmseg's
+      ``inference_model`` and ``MMSegInferencer`` feed it after removing
+      ``LoadAnnotations`` from the test pipeline -> the results pass unchanged;
+    * a ``seg_map_path`` but no ``gt_seg_map``: the label map was not loaded
+      (``LoadAnnotations`` missing or after this check) -> ``KeyError``;
+    * a ``gt_seg_map`` that is not ``(H, W)`` or not of the image's size -> ``ValueError``.
+
+    A missing label file is refused before this, by the checked datasets
+    (while listing the split) and by ``LoadAnnotations`` (when reading it).
+
+    Keys read: ``gt_seg_map``, ``seg_map_path``, ``ori_shape`` (or ``img_shape``), ``img_path``.
     """
 
     def transform(self, results: dict) -> dict:
         seg = results.get('gt_seg_map')
         if seg is None:
-            raise KeyError('CheckSegMapShape needs results["gt_seg_map"]: put it after LoadAnnotations')
+            if results.get('seg_map_path') is None:
+                return results  # no annotation asked for: inference on a plain image
+            raise KeyError(f'CheckSegMapShape needs results["gt_seg_map"] for label map '
+                           f'{results["seg_map_path"]}: put it after LoadAnnotations')
         shape = results.get('ori_shape', results.get('img_shape'))
         img_path = results.get('img_path', '<image>')
         seg_path = results.get('seg_map_path', '<label map>')

@@ -69,7 +69,8 @@ class DiTDiffusion(BaseModel):
             in_channels=4, num_classes=1000)`` (``attn_type='softmax'`` for the baseline).
         space (str): ``'pixel'`` (diffusion on the RGB images) or ``'latent'``
             (on SD-VAE latents; needs ``vae``).
-        vae (dict, optional): ``dict(type='SDVAE', path=...)`` for latent space.
+        vae (dict, optional): ``dict(type='SDVAE', path=...)`` for latent space
+            (its weights are read on first use, so the model builds without them).
         num_timesteps (int): training chain length (linear betas).
         sample_cfg (dict): defaults for :meth:`sample` in ``predict`` mode:
             ``num_steps``, ``sampler`` ('ddpm'/'ddim'), ``cfg_scale``, ``eta``,
@@ -173,6 +174,8 @@ class DiTDiffusion(BaseModel):
         device = next(self.dit.parameters()).device
         labels = torch.as_tensor(labels, dtype=torch.long, device=device)
         self._check_labels(labels)
+        if self.space == 'latent' and hasattr(self.vae, 'load'):
+            self.vae.load()  # a lazily loaded VAE: fail before sampling, not after it
         diffusion = self.sampling_diffusion(int(cfg['num_steps']))
         shape = (labels.shape[0], self.dit.in_channels, *self.dit.input_size)
         was_training = self.dit.training

@@ -25,7 +25,14 @@ VAE_HELP = ("Latent mode needs the Stable-Diffusion VAE weights on disk: downloa
 
 @MODELS.register_module()
 class SDVAE(nn.Module):
-    """Frozen ``diffusers.AutoencoderKL`` from a local folder.
+    """Frozen ``diffusers.AutoencoderKL`` from a local folder, loaded on first use.
+
+    Building it reads nothing: the folder is opened (and ``diffusers``
+    imported) by the first :meth:`encode` / :meth:`decode`, or by :meth:`load`.
+    A latent-space config thus builds without the weights, for parameter
+    counts, FLOPs (of the DiT) and config checks; a missing folder or a
+    missing ``diffusers`` is reported, with the steps to get them, when the
+    VAE is first needed. The loaded VAE follows the device of its input.
 
     Args:
         path (str): folder with the VAE's ``config.json`` and weights.
@@ -39,6 +46,21 @@ class SDVAE(nn.Module):
         super().__init__()
         if not path:
             raise ValueError(f'SDVAE: no path given. {VAE_HELP}')
+        self.path = str(path)
+        self.scale_factor = scale_factor
+        self.sample_posterior = sample_posterior
+        self.vae = None  # the AutoencoderKL, once loaded
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the weights have been read."""
+        return self.vae is not None
+
+    def load(self) -> 'SDVAE':
+        """Read the weights now (a no-op once loaded); raises a clear error if they are missing."""
+        if self.vae is not None:
+            return self
+        path = self.path
         if not osp.isdir(path) or not osp.isfile(osp.join(path, 'config.json')):
             raise FileNotFoundError(f'SDVAE: VAE folder {path!r} not found or without config.json. '
                                     f'{VAE_HELP}')
@@ -47,10 +69,16 @@ class SDVAE(nn.Module):
         except ImportError as exc:
             raise ImportError(f"SDVAE: the optional package 'diffusers' is not installed "
                               f'(pip install diffusers). {VAE_HELP}') from exc
-        self.vae = AutoencoderKL.from_pretrained(path, local_files_only=True)
-        self.vae.requires_grad_(False).eval()
-        self.scale_factor = scale_factor
-        self.sample_posterior = sample_posterior
+        vae = AutoencoderKL.from_pretrained(path, local_files_only=True)
+        self.vae = vae.requires_grad_(False).eval()
+        return self
+
+    def _ready(self, x: Tensor) -> nn.Module:
+        self.load()
+        param = next(self.vae.parameters(), None)
+        if param is not None and param.device != x.device:
+            self.vae.to(x.device)
+        return self.vae
 
     def train(self, mode: bool = True):
         """The VAE stays in eval mode."""
@@ -59,11 +87,14 @@ class SDVAE(nn.Module):
     @torch.no_grad()
     def encode(self, images: Tensor) -> Tensor:
         """``(B, 3, H, W)`` in [-1, 1] -> scaled latents ``(B, 4, H/8, W/8)``."""
-        dist = self.vae.encode(images).latent_dist
+        dist = self._ready(images).encode(images).latent_dist
         latents = dist.sample() if self.sample_posterior else dist.mean
         return latents * self.scale_factor
 
     @torch.no_grad()
     def decode(self, latents: Tensor) -> Tensor:
         """Scaled latents -> images in about [-1, 1]."""
-        return self.vae.decode(latents / self.scale_factor).sample
+        return self._ready(latents).decode(latents / self.scale_factor).sample
+
+    def extra_repr(self) -> str:
+        return f'path={self.path!r}, loaded={self.loaded}, scale_factor={self.scale_factor}'

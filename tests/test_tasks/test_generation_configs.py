@@ -46,8 +46,9 @@ def test_latent_configs():
         with torch.device('meta'):
             net = MODELS.build(cfg.model.dit)
         assert net.input_size == (32, 32) and net.in_channels == 4 and net.num_classes == 1000
+    model = MODELS.build(base.model)  # builds without the VAE weights (they load on first use)
     with pytest.raises(FileNotFoundError, match='sd-vae-ft-ema'):
-        MODELS.build(base.model)  # no VAE weights on this machine: a clear error
+        model.encode(torch.zeros(1, 3, 256, 256))  # no VAE weights on this machine: a clear error
 
 
 def test_metafile_lists_the_configs_with_their_parameter_counts():
