@@ -1,3 +1,4 @@
+from .config_scope import installed_config_dir, is_config_scope_registered, register_config_scope
 from .runtime import (
     adapt_cfg_to_device,
     allow_trusted_checkpoint_loading,
@@ -8,5 +9,6 @@ from .runtime import (
 
 __all__ = [
     'allow_trusted_checkpoint_loading', 'apply_common_args', 'adapt_cfg_to_device',
-    'init_distributed_if_cpu', 'shutdown_distributed'
+    'init_distributed_if_cpu', 'shutdown_distributed', 'installed_config_dir',
+    'is_config_scope_registered', 'register_config_scope'
 ]
