@@ -6,6 +6,7 @@ Examples::
     python tools/test.py CONFIG CHECKPOINT --tta            # config's tta_model/tta_pipeline
     python tools/test.py CONFIG CHECKPOINT --out results.pkl --out-json metrics.json
     bash tools/dist_test.sh CONFIG CHECKPOINT 8
+    bash tools/slurm_test.sh PARTITION JOB CONFIG CHECKPOINT   # srun, GPUS=8 tasks by default
 """
 import argparse
 import json

@@ -6,9 +6,12 @@ Examples::
     python tools/train.py CONFIG --work-dir work_dirs/x --amp --cfg-options train_cfg.max_epochs=10
     python tools/train.py CONFIG --resume                  # latest checkpoint in the work dir
     python tools/train.py CONFIG --resume path/epoch_3.pth
+    python tools/train.py CONFIG --tensorboard             # also log to TensorBoard (vis_data/events.*)
     bash tools/dist_train.sh CONFIG 8                      # torchrun, 8 processes
+    bash tools/slurm_train.sh PARTITION JOB CONFIG WORK_DIR  # srun, GPUS=8 tasks by default
 """
 import argparse
+import importlib.util
 import os
 import os.path as osp
 
@@ -24,6 +27,7 @@ from polaformerpp.utils import (
     init_distributed_if_cpu,
     shutdown_distributed,
 )
+from polaformerpp.utils.runtime import add_tensorboard_backend
 
 
 def parse_args(argv=None):
@@ -37,6 +41,12 @@ def parse_args(argv=None):
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale lr by the actual total batch over auto_scale_lr.base_batch_size')
     parser.add_argument('--no-validate', action='store_true', help='skip validation during training')
+    parser.add_argument(
+        '--tensorboard', action='store_true',
+        help="also log to TensorBoard: appends mmengine's TensorboardVisBackend to visualizer.vis_backends, "
+             'keeping the others (events files in WORK_DIR/<timestamp>/vis_data; needs the tensorboard '
+             'package). --cfg-options cannot append a dict to a list: its nearest form, '
+             'visualizer.vis_backends.0.type=TensorboardVisBackend, replaces the first backend instead')
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction,
         help='override config entries, e.g. model.backbone.arch=b1 train_cfg.max_epochs=5')
@@ -74,6 +84,11 @@ def merge_args(cfg, args):
         cfg.val_cfg = None
         cfg.val_dataloader = None
         cfg.val_evaluator = None
+    if args.tensorboard:
+        if importlib.util.find_spec('tensorboard') is None:
+            raise ImportError('--tensorboard needs the tensorboard package: pip install tensorboard '
+                              '(listed in requirements/optional.txt)')
+        add_tensorboard_backend(cfg)
     adapt_cfg_to_device(cfg, args.launcher)
     return cfg
 

@@ -8,11 +8,17 @@ GPU, without touching installed packages:
   ``--resume`` and ``load_from``. The tools load only checkpoints the user
   names, so they opt back into full unpickling (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``).
 * On a CPU-only machine, distributed runs use gloo, DDP gets ``device_ids=None``,
-  mixed precision falls back to fp32 and SyncBN to BN (each logged).
+  mixed precision falls back to fp32 and SyncBN to BN (each logged). That holds
+  for torchrun (``--launcher pytorch``) and for Slurm's srun (``--launcher slurm``),
+  whose task variables are translated to torch's (:func:`slurm_dist_env`).
+* ``--tensorboard`` adds mmengine's ``TensorboardVisBackend`` to the config's
+  visualizer (:func:`add_tensorboard_backend`).
 """
 import copy
 import os
 import os.path as osp
+import shutil
+import subprocess
 
 import torch
 import torch.distributed as dist
@@ -20,7 +26,7 @@ from mmengine.logging import print_log
 
 __all__ = [
     'allow_trusted_checkpoint_loading', 'apply_common_args', 'adapt_cfg_to_device',
-    'init_distributed_if_cpu', 'shutdown_distributed'
+    'init_distributed_if_cpu', 'shutdown_distributed', 'slurm_dist_env', 'add_tensorboard_backend'
 ]
 
 
@@ -84,19 +90,103 @@ def adapt_cfg_to_device(cfg, launcher: str = 'none') -> None:
                       logger='current', level=30)
 
 
+def slurm_dist_env(environ=None) -> dict:
+    """torch.distributed's rendezvous variables for one task started by Slurm's ``srun``.
+
+    Reads ``SLURM_PROCID`` (the rank), ``SLURM_NTASKS`` (the world size),
+    ``SLURM_LOCALID`` (the rank on its node; defaults to 0) and, unless
+    ``MASTER_ADDR`` is already set, the first host of ``SLURM_NODELIST``
+    (through ``scontrol show hostname``, as on any Slurm node). ``MASTER_PORT``
+    is kept when set and is 29500 otherwise, as in mmengine's own Slurm setup.
+
+    Args:
+        environ (Mapping, optional): the variables to read; ``os.environ`` by default.
+
+    Returns:
+        dict: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+        ``LOCAL_RANK``, all as strings.
+    """
+    environ = os.environ if environ is None else environ
+    values = {}
+    for name in ('SLURM_PROCID', 'SLURM_NTASKS'):
+        if name not in environ:
+            raise KeyError(f'--launcher slurm needs {name} in the environment (set by srun); '
+                           f'start the tool through srun, e.g. tools/slurm_train.sh')
+        try:
+            values[name] = int(environ[name])
+        except ValueError:
+            raise ValueError(f'{name} must be an integer, got {environ[name]!r}') from None
+    local_rank = environ.get('SLURM_LOCALID', '0')
+    if not str(local_rank).isdigit():
+        raise ValueError(f'SLURM_LOCALID must be an integer, got {local_rank!r}')
+    rank, world_size = values['SLURM_PROCID'], values['SLURM_NTASKS']
+    if not 0 <= rank < world_size:
+        raise ValueError(f'SLURM_PROCID must be in [0, SLURM_NTASKS={world_size}), got {rank}')
+    addr = environ.get('MASTER_ADDR') or _first_slurm_host(environ.get('SLURM_NODELIST'))
+    return dict(MASTER_ADDR=addr, MASTER_PORT=str(environ.get('MASTER_PORT') or 29500), RANK=str(rank),
+                WORLD_SIZE=str(world_size), LOCAL_RANK=str(int(local_rank)))
+
+
+def _first_slurm_host(node_list):
+    """The first host name of a Slurm node list such as ``node[01-04]``, via ``scontrol``."""
+    if not node_list:
+        raise KeyError('--launcher slurm needs SLURM_NODELIST (set by srun) or MASTER_ADDR in the environment')
+    if shutil.which('scontrol') is None:
+        raise RuntimeError(f'cannot resolve SLURM_NODELIST={node_list!r}: scontrol is not on PATH; '
+                           f'set MASTER_ADDR to the first node\'s address')
+    proc = subprocess.run(['scontrol', 'show', 'hostname', node_list], capture_output=True, text=True)
+    hosts = proc.stdout.split()
+    if proc.returncode != 0 or not hosts:
+        raise RuntimeError(f'scontrol show hostname {node_list} failed (exit {proc.returncode}): '
+                           f'{proc.stderr.strip()}; set MASTER_ADDR to the first node\'s address')
+    return hosts[0]
+
+
 def init_distributed_if_cpu(launcher: str) -> None:
-    """Initialise a gloo process group for ``--launcher pytorch`` on a CPU-only machine.
+    """Initialise a gloo process group for ``--launcher pytorch`` or ``slurm`` on a CPU-only machine.
 
     mmengine's own initialisation calls ``torch.cuda.set_device``, which fails
-    without a GPU; once the group exists, the Runner skips it.
+    without a GPU; once the group exists, the Runner skips it. For ``slurm``
+    the task's Slurm variables are first exported as torch's
+    (:func:`slurm_dist_env`), so code that reads ``RANK``/``LOCAL_RANK`` sees them.
     """
     if launcher == 'none' or torch.cuda.is_available() or dist.is_initialized():
         return
-    if launcher != 'pytorch':
-        raise ValueError(f"on a machine without CUDA only --launcher 'pytorch' (torchrun) or 'none' "
-                         f"is supported, got {launcher!r}")
-    dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
+    if launcher == 'slurm':
+        os.environ.update(slurm_dist_env())
+    elif launcher != 'pytorch':
+        raise ValueError(f"on a machine without CUDA only --launcher 'pytorch' (torchrun), 'slurm' (srun) "
+                         f"or 'none' is supported, got {launcher!r}")
+    dist.init_process_group(backend='gloo', init_method='env://', rank=int(os.environ['RANK']),
                             world_size=int(os.environ['WORLD_SIZE']))
+
+
+def add_tensorboard_backend(cfg) -> None:
+    """Append mmengine's ``TensorboardVisBackend`` to ``cfg.visualizer.vis_backends`` (in place).
+
+    The other backends (``LocalVisBackend``, ...) are kept; a config that
+    already has a TensorBoard backend is left as it is. Works with any
+    visualizer type (mmpretrain's ``UniversalVisualizer``, mmdet's
+    ``DetLocalVisualizer``, mmseg's ``SegLocalVisualizer``, mmengine's
+    ``Visualizer``); the events files go to ``<work_dir>/<timestamp>/vis_data``.
+    """
+    visualizer = cfg.get('visualizer')
+    if not isinstance(visualizer, dict):
+        raise ValueError('--tensorboard needs a `visualizer` dict with `vis_backends` in the config, '
+                         f'got visualizer={visualizer!r}')
+    backends = visualizer.get('vis_backends')
+    if backends is None:
+        backends = []
+    elif isinstance(backends, dict):
+        backends = [backends]
+    elif isinstance(backends, (list, tuple)):
+        backends = list(backends)
+    else:
+        raise ValueError(f'--tensorboard: visualizer.vis_backends must be a list of dicts, got {backends!r}')
+    if not any(isinstance(b, dict) and str(b.get('type', '')).split('.')[-1] == 'TensorboardVisBackend'
+               for b in backends):
+        backends.append(dict(type='TensorboardVisBackend'))
+    visualizer['vis_backends'] = backends
 
 
 def shutdown_distributed() -> None:
