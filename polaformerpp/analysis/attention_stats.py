@@ -61,6 +61,7 @@ from torch import Tensor
 from polaformerpp.models.layers import PolaLinearAttention
 from polaformerpp.ops import pola_rope_tables
 from polaformerpp.ops.pola_attention.naive import pola_attention_weights
+from polaformerpp.utils.progress import track
 
 __all__ = [
     'METHODS', 'AttentionCapture', 'AttentionRecorder', 'attention_entropy', 'attention_weights',
@@ -306,11 +307,16 @@ def capture_entropy(capture: AttentionCapture, methods: Sequence[str] = METHODS,
 
 
 def entropy_table(captures: Iterable[AttentionCapture], methods: Sequence[str] = METHODS,
-                  max_queries: Optional[int] = 1024, rope: Optional[bool] = None) -> List[dict]:
+                  max_queries: Optional[int] = 1024, rope: Optional[bool] = None,
+                  progress: Optional[bool] = False) -> List[dict]:
     """One row per (layer call, head): ``layer, head, tokens, <method>, <method>/norm,
-    <method>/neg, <method>/zero`` (floats, NaN where a head has no row with weight)."""
+    <method>/neg, <method>/zero`` (floats, NaN where a head has no row with weight).
+
+    ``progress``: a bar over the layers on stderr (``False`` none, ``None`` when
+    stderr is a terminal, ``True`` always; see :mod:`polaformerpp.utils.progress`).
+    """
     rows = []
-    for capture in captures:
+    for capture in track(captures, desc='attention entropy per layer', enabled=progress):
         stats = capture_entropy(capture, methods, max_queries, rope)
         for head in range(capture.num_heads):
             row = dict(layer=capture.name, head=head, tokens=capture.num_tokens)

@@ -11,11 +11,16 @@ same network.
 * :class:`RandomConvFeatures`: a small fixed random conv net (seeded), a
   stand-in for smoke tests and tiny pixel-space runs; its FID is not the
   published metric.
+
+:func:`extract_features` embeds image arrays, :func:`extract_folder_features`
+the image files of a folder, both in batches and optionally with a progress
+bar on stderr.
 """
+import os
 import os.path as osp
 import warnings
 import zipfile
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Iterable, List, Optional, Union
 
 import numpy as np
 import torch
@@ -24,8 +29,14 @@ import torch.nn.functional as F
 from mmengine.registry import MODELS
 from torch import Tensor
 
+from polaformerpp.utils.progress import ProgressBar
+
 __all__ = ['InceptionV3Features', 'RandomConvFeatures', 'build_feature_extractor',
-           'extract_features', 'INCEPTION_HELP']
+           'extract_features', 'extract_folder_features', 'list_image_files', 'INCEPTION_HELP',
+           'IMAGE_EXTENSIONS']
+
+#: file types :func:`list_image_files` picks up (lower case)
+IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
 
 INCEPTION_HELP = ('FID/IS need Inception-v3 weights on disk: a TorchScript file whose forward maps '
                   'images to pool3 features (N, 2048) [or (pool3, logits)], or a state dict of '
@@ -156,14 +167,50 @@ def build_feature_extractor(extractor: Union[dict, nn.Module, Callable]) -> Call
                     f'got {type(extractor).__name__}')
 
 
+def _resolve_device(extractor: Callable, device):
+    """Move a module extractor to ``device``, or read the device its parameters are on."""
+    if isinstance(extractor, nn.Module):
+        if device is not None:
+            extractor.to(device)
+        else:
+            param = next(iter(extractor.parameters()), None)
+            device = param.device if param is not None else None
+    return device
+
+
 @torch.no_grad()
+def _embed_batches(extractor: Callable, batches: Iterable[Tensor], total: int, device, progress,
+                   desc: Optional[str]) -> Dict[str, np.ndarray]:
+    """Run ``extractor`` on uint8 ``(B, 3, H, W)`` batches (``total`` images in all, for the bar)."""
+    device = _resolve_device(extractor, device)
+    chunks: Dict[str, list] = {}
+    with ProgressBar(total, desc, enabled=progress) as bar:
+        for batch in batches:
+            out = _as_feature_dict(extractor(batch if device is None else batch.to(device)))
+            if 'pool' not in out:
+                raise ValueError("the feature extractor must return pool features ('pool')")
+            for key, value in out.items():
+                chunks.setdefault(key, []).append(value.detach().double().reshape(value.shape[0], -1).cpu())
+            bar.update(batch.shape[0])
+    return {k: torch.cat(v).numpy() for k, v in chunks.items()}
+
+
 def extract_features(extractor: Callable, images: Union[Tensor, np.ndarray], batch_size: int = 64,
-                     device=None) -> Dict[str, np.ndarray]:
+                     device=None, progress: Optional[bool] = False,
+                     desc: Optional[str] = None) -> Dict[str, np.ndarray]:
     """Embed uint8 images (``(N, 3, H, W)`` tensor or ``(N, H, W, 3)`` array) in batches.
+
+    Args:
+        progress: a bar over the images on stderr: ``False`` (default) none,
+            ``None`` when stderr is a terminal, ``True`` always
+            (see :mod:`polaformerpp.utils.progress`).
+        desc: the bar's title.
 
     Returns:
         dict: ``pool`` ``(N, D)`` float64 and, when the extractor gives them, ``logits``.
     """
+    if batch_size < 1:
+        raise ValueError(f'batch_size must be >= 1, got {batch_size}')
     if isinstance(images, np.ndarray):
         if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
             raise ValueError(f'image arrays must be uint8 (N, H, W, 3), got {images.dtype} '
@@ -171,18 +218,53 @@ def extract_features(extractor: Callable, images: Union[Tensor, np.ndarray], bat
         images = torch.from_numpy(images).permute(0, 3, 1, 2)
     if images.dim() != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
         raise ValueError(f'images must be uint8 (N, 3, H, W), got {images.dtype} {tuple(images.shape)}')
-    if isinstance(extractor, nn.Module):
-        if device is not None:
-            extractor.to(device)
-        else:
-            param = next(iter(extractor.parameters()), None)
-            device = param.device if param is not None else None
-    chunks: Dict[str, list] = {}
-    for start in range(0, images.shape[0], batch_size):
-        batch = images[start:start + batch_size]
-        out = _as_feature_dict(extractor(batch if device is None else batch.to(device)))
-        if 'pool' not in out:
-            raise ValueError("the feature extractor must return pool features ('pool')")
-        for key, value in out.items():
-            chunks.setdefault(key, []).append(value.detach().double().reshape(value.shape[0], -1).cpu())
-    return {k: torch.cat(v).numpy() for k, v in chunks.items()}
+    batches = (images[start:start + batch_size] for start in range(0, images.shape[0], batch_size))
+    return _embed_batches(extractor, batches, images.shape[0], device, progress, desc)
+
+
+def list_image_files(folder: str) -> List[str]:
+    """The image files (:data:`IMAGE_EXTENSIONS`) under ``folder``, recursively, sorted by path."""
+    if not osp.isdir(folder):
+        raise FileNotFoundError(f'image folder {folder!r} not found')
+    files = [osp.join(root, name) for root, _, names in os.walk(folder) for name in names
+             if name.lower().endswith(IMAGE_EXTENSIONS)]
+    return sorted(files)
+
+
+def _read_rgb(path: str) -> np.ndarray:
+    from PIL import Image
+    with Image.open(path) as img:
+        return np.asarray(img.convert('RGB'), dtype=np.uint8)
+
+
+def _folder_batches(files: List[str], batch_size: int) -> Iterable[Tensor]:
+    """uint8 ``(B, 3, H, W)`` batches of the files; every image must have the first one's size."""
+    size = None
+    for start in range(0, len(files), batch_size):
+        arrays = []
+        for path in files[start:start + batch_size]:
+            array = _read_rgb(path)
+            if size is None:
+                size = array.shape
+            elif array.shape != size:
+                raise ValueError(f'{path}: image size {array.shape[1]}x{array.shape[0]} differs from '
+                                 f'{size[1]}x{size[0]} of {files[0]}; the images of a folder must all '
+                                 f'have one size (resize or crop them first)')
+            arrays.append(array)
+        yield torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2)
+
+
+def extract_folder_features(extractor: Callable, folder: str, batch_size: int = 64, device=None,
+                            progress: Optional[bool] = False,
+                            desc: Optional[str] = None) -> Dict[str, np.ndarray]:
+    """Embed the images of a folder (all of one size), reading ``batch_size`` files at a time.
+
+    Same output and ``progress`` as :func:`extract_features`; the images are in
+    the order of :func:`list_image_files`.
+    """
+    if batch_size < 1:
+        raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+    files = list_image_files(folder)
+    if not files:
+        raise ValueError(f'image folder {folder!r} holds no image files ({", ".join(IMAGE_EXTENSIONS)})')
+    return _embed_batches(extractor, _folder_batches(files, batch_size), len(files), device, progress, desc)

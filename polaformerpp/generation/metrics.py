@@ -16,7 +16,7 @@ import torch
 from mmengine.evaluator import BaseMetric
 from mmengine.registry import METRICS
 
-from .features import build_feature_extractor, extract_features
+from .features import build_feature_extractor, extract_features, extract_folder_features
 
 __all__ = ['frechet_distance', 'feature_statistics', 'inception_score', 'load_reference',
            'GenerationFID']
@@ -73,16 +73,29 @@ def inception_score(logits: np.ndarray, splits: int = 10) -> Tuple[float, float]
 
 
 def load_reference(path: str, extractor=None, batch_size: int = 64,
-                   prefer_stats: bool = True) -> Dict[str, np.ndarray]:
-    """Read an ``.npz`` of reference statistics, features or images.
+                   prefer_stats: bool = True, progress: Optional[bool] = False) -> Dict[str, np.ndarray]:
+    """Read an ``.npz`` of reference statistics, features or images, or a folder of images.
 
     Recognised keys: ``mu`` + ``sigma`` (statistics), ``pool`` (features
     ``(N, D)``), ``arr_0`` (uint8 images ``(N, H, W, 3)``, embedded with
     ``extractor``; the layout of ADM's reference batches and sample files).
+    A folder's image files (PNG, JPEG, ..., all of one size) are embedded with
+    ``extractor`` too.
+
+    Args:
+        progress: a bar over the embedded images (``False`` none, ``None``
+            when stderr is a terminal, ``True`` always).
 
     Returns:
         dict: ``mu``, ``sigma`` and, where available, ``pool``/``logits``.
     """
+    if osp.isdir(path):
+        if extractor is None:
+            raise ValueError(f'{path!r} is an image folder: a feature extractor is needed')
+        out = extract_folder_features(extractor, path, batch_size, progress=progress,
+                                      desc=f'features of {path}')
+        out['mu'], out['sigma'] = feature_statistics(out['pool'])
+        return out
     if not osp.isfile(path):
         raise FileNotFoundError(f'reference/sample file {path!r} not found')
     with np.load(path) as data:
@@ -96,7 +109,8 @@ def load_reference(path: str, extractor=None, batch_size: int = 64,
         elif 'arr_0' in keys:
             if extractor is None:
                 raise ValueError(f'{path!r} holds images (arr_0): a feature extractor is needed')
-            out = extract_features(extractor, data['arr_0'], batch_size)
+            out = extract_features(extractor, data['arr_0'], batch_size, progress=progress,
+                                   desc=f'features of {path}')
         elif {'mu', 'sigma'} <= keys:
             return dict(mu=data['mu'], sigma=data['sigma'])
         else:

@@ -199,3 +199,24 @@ def test_check_results_reproduces_a_table(tiny_classifier, demo_in1k, tmp_path, 
     with open(osp.join(tmp_path, 'zoo', 'polapp-tiny_demo', 'metrics.json')) as f:
         assert json.load(f)['accuracy/top1'] == pytest.approx(measured, abs=0.01)
     assert osp.isfile(out_md)
+
+
+def test_benchmark_tool_bar_goes_to_a_terminal_stderr_only(tiny_classifier, monkeypatch, capsys):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    config, checkpoint = tiny_classifier
+    monkeypatch.delenv('POLAPP_NO_PROGRESS', raising=False)
+    argv = [config, '--checkpoint', checkpoint, '--shape', '32', '--device', 'cpu', '--warmup', '1',
+            '--repeat', '3']
+    for extra, expect_bar in (([], True), (['--no-progress'], False)):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, 'stderr', terminal)
+        load_tool('tools/analysis_tools/benchmark.py').main(argv + extra)
+        assert ('4/4' in terminal.getvalue()) == expect_bar, terminal.getvalue()
+        out = capsys.readouterr().out
+        assert 'images/s' in out and '4/4' not in out

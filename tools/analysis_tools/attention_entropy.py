@@ -27,7 +27,9 @@ all (ReLU attention when a query shares no positive channel with any key; an
 opposite-polarity stream with no opposite-signed pair) has no distribution: it
 is left out of the mean and counted under ``zero rows``. Lower entropy =
 spikier attention. Large layers are sampled: ``--max-queries`` evenly spaced
-queries (rows), each over all keys.
+queries (rows), each over all keys. A progress bar over the layers goes to
+stderr when it is a terminal (``--no-progress`` or ``POLAPP_NO_PROGRESS=1``:
+none).
 
 Outputs: the table on stdout, and in ``--out-dir`` ``attention_entropy.png``
 (entropy / log N per layer, mean over heads and images, per method; the
@@ -60,6 +62,17 @@ from polaformerpp.analysis import (
     run_model,
     short_layer_name,
 )
+from polaformerpp.utils.cli import (
+    existing_file,
+    existing_path,
+    image_shape,
+    non_negative_int,
+    parser_errors,
+    positive_int,
+    run_cli,
+    torch_device,
+)
+from polaformerpp.utils.progress import add_progress_argument, progress_from_args
 
 
 def parse_args(argv=None):
@@ -69,21 +82,25 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--img', nargs='+', default=[],
                         help='image files or folders (default: random inputs)')
-    parser.add_argument('--num-random', type=int, default=2, help='random images when no --img is given')
+    parser.add_argument('--num-random', type=positive_int, default=2,
+                        help='random images when no --img is given')
     parser.add_argument('--shape', type=int, nargs='+', default=[224], help='input H W (or one size)')
     parser.add_argument('--methods', nargs='+', choices=METHODS, default=list(METHODS))
-    parser.add_argument('--max-queries', type=int, default=1024,
+    parser.add_argument('--max-queries', type=non_negative_int, default=1024,
                         help='queries (rows) sampled per layer; 0 for all')
     parser.add_argument('--no-rope', action='store_true',
                         help='PolaFormer++ weights without the RoPE rotation (non-negative)')
     parser.add_argument('--out-dir', default='work_dirs/attention_entropy', help='where the PNG/JSON go')
-    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--device', type=torch_device, default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
+    add_progress_argument(parser)
     args = parser.parse_args(argv)
-    if len(args.shape) == 1:
-        args.shape = args.shape * 2
-    if len(args.shape) != 2:
-        parser.error(f'--shape takes H W or one size, got {args.shape}')
+    with parser_errors(parser):
+        args.shape = list(image_shape(args.shape))
+        existing_file(args.config, 'config')
+        existing_file(args.checkpoint, 'checkpoint')
+        for path in args.img:
+            existing_path(path, '--img')
     return args
 
 
@@ -139,7 +156,8 @@ def main(argv=None):
     with AttentionRecorder(model) as recorder:
         run_model(model, images)
     rope = False if args.no_rope else None
-    rows = entropy_table(recorder.captures, args.methods, args.max_queries or None, rope)
+    rows = entropy_table(recorder.captures, args.methods, args.max_queries or None, rope,
+                         progress=progress_from_args(args))
 
     print(f'Attention entropy (nats; mean over {len(images)} image(s) and up to '
           f'{args.max_queries or "all"} queries per layer; log N = uniform)')
@@ -160,4 +178,4 @@ def main(argv=None):
 
 if __name__ == '__main__':
     torch.set_grad_enabled(False)
-    main()
+    run_cli(main)

@@ -14,6 +14,10 @@ Default input sizes (``--shape`` overrides): classification 224x224,
 detection 800x1280, segmentation 512x2048, super-resolution a 180x320 LR
 image (x scale out), DiT its configured latent size.
 
+A progress bar over the iterations goes to stderr when it is a terminal
+(``--no-progress`` or ``POLAPP_NO_PROGRESS=1``: none; it is drawn between the
+timed calls, outside the timed region); the results go to stdout.
+
 Examples::
 
     python tools/analysis_tools/benchmark.py configs/classification/polapp-b2_8xb256_in1k.py --batch-size 64
@@ -31,6 +35,8 @@ import torch
 from mmengine.config import Config, DictAction
 
 from polaformerpp.analysis import load_model
+from polaformerpp.utils.cli import image_shape, non_negative_int, parser_errors, positive_int, run_cli, torch_device
+from polaformerpp.utils.progress import ProgressBar, add_progress_argument, progress_from_args
 
 DEFAULT_SHAPES = dict(mmpretrain=(224, 224), mmdet=(800, 1280), mmseg=(512, 2048))
 SR_DEFAULT_SHAPE = (180, 320)  # a 1280x720 output at x4
@@ -42,24 +48,23 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file path')
     parser.add_argument('--checkpoint', help='checkpoint to load (default: the initial weights)')
     parser.add_argument('--shape', type=int, nargs='+', default=None, help='input H W (or one size)')
-    parser.add_argument('--batch-size', type=int, default=1)
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--batch-size', type=positive_int, default=1)
+    parser.add_argument('--device', type=torch_device, default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', choices=sorted(AMP_DTYPES), default=None, help='autocast dtype')
-    parser.add_argument('--warmup', type=int, default=5, help='untimed iterations first')
-    parser.add_argument('--repeat', type=int, default=20, help='timed iterations')
-    parser.add_argument('--threads', type=int, default=None, help='CPU threads (torch.set_num_threads)')
+    parser.add_argument('--warmup', type=non_negative_int, default=5, help='untimed iterations first')
+    parser.add_argument('--repeat', type=positive_int, default=20, help='timed iterations')
+    parser.add_argument('--threads', type=positive_int, default=None,
+                        help='CPU threads (torch.set_num_threads)')
     parser.add_argument('--out-json', help='write the measurements to this JSON file')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
+    add_progress_argument(parser)
     args = parser.parse_args(argv)
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
-        parser.error(f'--device {args.device}: CUDA is not available')
-    if args.batch_size < 1 or args.repeat < 1 or args.warmup < 0:
-        parser.error('--batch-size and --repeat must be >= 1, --warmup >= 0')
-    if args.shape is not None:
-        if len(args.shape) == 1:
-            args.shape = args.shape * 2
-        if len(args.shape) != 2:
-            parser.error(f'--shape takes H W or one size, got {args.shape}')
+    with parser_errors(parser):
+        args.shape = image_shape(args.shape)
+    if not osp.isfile(args.config):
+        parser.error(f'config: {args.config} not found')
+    if args.checkpoint is not None and not osp.isfile(args.checkpoint):
+        parser.error(f'--checkpoint: {args.checkpoint} not found')
     return args
 
 
@@ -105,8 +110,12 @@ def default_shape(cfg, scope):
 
 
 def benchmark(config, checkpoint=None, shape=None, batch_size=1, device='cpu', amp=None, warmup=5,
-              repeat=20, cfg_options=None):
-    """Time the network of ``config``; returns a dict of the measurements (seconds, images/s)."""
+              repeat=20, cfg_options=None, progress=False):
+    """Time the network of ``config``; returns a dict of the measurements (seconds, images/s).
+
+    ``progress``: a bar over the warm-up and timed iterations on stderr (``False`` none,
+    ``None`` when stderr is a terminal, ``True`` always).
+    """
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -123,9 +132,11 @@ def benchmark(config, checkpoint=None, shape=None, batch_size=1, device='cpu', a
     autocast = (torch.autocast(device_type='cuda' if cuda else 'cpu', dtype=AMP_DTYPES[amp])
                 if amp else contextlib.nullcontext())
     times = []
-    with torch.no_grad(), autocast:
+    title = f'{warmup} warm-up + {repeat} timed iterations'
+    with torch.no_grad(), autocast, ProgressBar(warmup + repeat, title, enabled=progress) as bar:
         for _ in range(warmup):
             forward()
+            bar.update()
         sync()
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -135,6 +146,7 @@ def benchmark(config, checkpoint=None, shape=None, batch_size=1, device='cpu', a
             forward()
             sync()
             times.append(time.perf_counter() - start)
+            bar.update()
     median = statistics.median(times)
     result = dict(config=config, checkpoint=checkpoint, device=str(device), amp=amp, batch_size=batch_size,
                   input=described, warmup=warmup, repeat=repeat, median_s=median,
@@ -151,7 +163,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     result = benchmark(args.config, args.checkpoint, args.shape, args.batch_size, args.device, args.amp,
-                       args.warmup, args.repeat, args.cfg_options)
+                       args.warmup, args.repeat, args.cfg_options, progress=progress_from_args(args))
     device = result.get('device_name', result['device'])
     if not result['device'].startswith('cuda'):
         device += f' ({torch.get_num_threads()} threads)'
@@ -171,4 +183,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -15,7 +15,9 @@ For each cell it prints the median time, tokens/s, the peak memory the call
 added on top of its inputs and, on CUDA, the achieved bandwidth for the ideal
 traffic (read q, k, v once, write o once) against the device's peak. A cell
 that runs out of memory prints ``OOM``. Results go to a CSV file and a log-log
-plot of time and memory against N.
+plot of time and memory against N. While the cells run, a progress bar over
+them goes to stderr when it is a terminal (``--no-progress`` or
+``POLAPP_NO_PROGRESS=1``: none); the table goes to stdout.
 
 Examples::
 
@@ -24,6 +26,7 @@ Examples::
 """
 import argparse
 import csv
+import itertools
 import math
 import multiprocessing as mp
 import os
@@ -37,6 +40,15 @@ import torch.nn.functional as F
 
 from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_rope_tables
 from polaformerpp.ops.pola_attention import naive_pola_attention
+from polaformerpp.utils.cli import (
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_multiple_of,
+    run_cli,
+    torch_device,
+)
+from polaformerpp.utils.progress import ProgressBar, add_progress_argument, progress_from_args
 
 BACKENDS = ('pola-torch', 'pola-cpu', 'pola-triton', 'sdpa', 'naive')
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
@@ -46,14 +58,14 @@ CPU_DEFAULT_SEQ_LENS = (256, 1024, 4096)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Benchmark pola_attention against SDPA and naive code')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu',
+    parser.add_argument('--device', type=torch_device, default='cuda' if torch.cuda.is_available() else 'cpu',
                         help='cpu or cuda[:i] (default: cuda when available)')
-    parser.add_argument('--seq-lens', type=int, nargs='+', default=None,
+    parser.add_argument('--seq-lens', type=positive_int, nargs='+', default=None,
                         help=f'token counts N (default {DEFAULT_SEQ_LENS} on CUDA, '
                              f'{CPU_DEFAULT_SEQ_LENS} on CPU)')
-    parser.add_argument('--batch-sizes', type=int, nargs='+', default=[1])
-    parser.add_argument('--heads', type=int, nargs='+', default=[1])
-    parser.add_argument('--head-dims', type=int, nargs='+', default=[64])
+    parser.add_argument('--batch-sizes', type=positive_int, nargs='+', default=[1])
+    parser.add_argument('--heads', type=positive_int, nargs='+', default=[1])
+    parser.add_argument('--head-dims', type=positive_multiple_of(4, '2-D RoPE'), nargs='+', default=[64])
     parser.add_argument('--dtypes', nargs='+', choices=sorted(DTYPES), default=None,
                         help='default: fp32 on CPU, bf16 on CUDA')
     parser.add_argument('--backends', nargs='+', choices=BACKENDS, default=list(BACKENDS))
@@ -62,30 +74,23 @@ def parse_args(argv=None):
                         help='how the pola backends get the RoPE: RopeGrid(H, W) (row/column tables, what '
                              'the backbone passes) or two (N, 2d) tables (the naive code always uses tables)')
     parser.add_argument('--backward', action='store_true', help='time forward + backward')
-    parser.add_argument('--repeat', type=int, default=10, help='timed runs per cell (median reported)')
-    parser.add_argument('--warmup', type=int, default=2)
-    parser.add_argument('--peak-gbps', type=float, default=None,
+    parser.add_argument('--repeat', type=positive_int, default=10, help='timed runs per cell (median reported)')
+    parser.add_argument('--warmup', type=non_negative_int, default=2)
+    parser.add_argument('--peak-gbps', type=positive_float, default=None,
                         help='device memory bandwidth in GB/s (default: from the device properties)')
     parser.add_argument('--out-dir', default='work_dirs/benchmark_attention',
                         help='where benchmark_attention.csv/.png go ("" to write nothing)')
-    parser.add_argument('--threads', type=int, default=None,
+    parser.add_argument('--threads', type=positive_int, default=None,
                         help='CPU: torch threads per cell (default: torch\'s default; pin it on a busy machine)')
     parser.add_argument('--no-isolate', action='store_true',
                         help='CPU: run cells in this process (faster; peak memory becomes approximate)')
+    add_progress_argument(parser)
     args = parser.parse_args(argv)
     cuda = args.device.startswith('cuda')
-    if cuda and not torch.cuda.is_available():
-        parser.error(f'--device {args.device}: CUDA is not available')
     if args.seq_lens is None:
         args.seq_lens = list(DEFAULT_SEQ_LENS if cuda else CPU_DEFAULT_SEQ_LENS)
     if args.dtypes is None:
         args.dtypes = ['bf16' if cuda else 'fp32']
-    if any(n < 1 for n in args.seq_lens):
-        parser.error(f'--seq-lens must be positive, got {args.seq_lens}')
-    if any(d % 4 for d in args.head_dims):
-        parser.error(f'--head-dims must be multiples of 4 (2-D RoPE), got {args.head_dims}')
-    if args.repeat < 1:
-        parser.error(f'--repeat must be >= 1, got {args.repeat}')
     return args
 
 
@@ -444,19 +449,17 @@ def main(argv=None):
     header += ['note']
     results, rows = [], []
     isolate = not cuda and not args.no_isolate
-    for dtype_name in args.dtypes:
-        for batch in args.batch_sizes:
-            for heads in args.heads:
-                for head_dim in args.head_dims:
-                    for seq_len in args.seq_lens:
-                        for backend in backends:
-                            cell = dict(backend=backend, dtype=dtype_name, batch=batch, heads=heads,
-                                        head_dim=head_dim, seq_len=seq_len, rope=rope_setting(args),
-                                        backward=args.backward, device=str(device),
-                                        repeat=args.repeat, warmup=args.warmup, threads=args.threads)
-                            result = measure_cell_isolated(cell) if isolate else measure_cell(cell)
-                            results.append(add_derived(result, peak_gbps))
-                            rows.append(format_row(result, cuda))
+    grid = list(itertools.product(args.dtypes, args.batch_sizes, args.heads, args.head_dims, args.seq_lens,
+                                  backends))
+    with ProgressBar(len(grid), f'{len(grid)} cells', enabled=progress_from_args(args)) as bar:
+        for dtype_name, batch, heads, head_dim, seq_len, backend in grid:
+            cell = dict(backend=backend, dtype=dtype_name, batch=batch, heads=heads, head_dim=head_dim,
+                        seq_len=seq_len, rope=rope_setting(args), backward=args.backward, device=str(device),
+                        repeat=args.repeat, warmup=args.warmup, threads=args.threads)
+            result = measure_cell_isolated(cell) if isolate else measure_cell(cell)
+            results.append(add_derived(result, peak_gbps))
+            rows.append(format_row(result, cuda))
+            bar.update()
     print()
     print_table(rows, header)
 
@@ -472,4 +475,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -9,12 +9,14 @@ detectors and segmentors through their tensor-mode forward (backbone, neck
 and heads, without post-processing). Runs on the CPU.
 """
 import argparse
+import os.path as osp
 
 import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import init_default_scope
 
 from polaformerpp.analysis import count_complexity
+from polaformerpp.utils.cli import image_shape, parser_errors, run_cli
 
 DEFAULT_SHAPES = dict(mmpretrain=(224, 224), mmdet=(800, 1280), mmseg=(512, 2048))
 SR_DEFAULT_SHAPE = (180, 320)  # LR input of a 1280x720 output at x4
@@ -29,7 +31,12 @@ def parse_args(argv=None):
                         '180x320 LR input for super-resolution; DiT: its latent size, --shape ignored)')
     parser.add_argument('--table', action='store_true', help='print the per-module table')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not osp.isfile(args.config):
+        parser.error(f'config: {args.config} not found')
+    with parser_errors(parser):
+        args.shape = image_shape(args.shape)
+    return args
 
 
 def _data_samples(scope: str, shape):
@@ -61,7 +68,11 @@ def _dit_flops(cfg, show_table):
 
 
 def get_flops(config, shape=None, cfg_options=None, show_table=False):
-    """Returns ``dict(flops, params, shape, by_operator[, table])`` for the config's model."""
+    """Returns ``dict(flops, params, shape, by_operator[, table])`` for the config's model.
+
+    ``shape``: ``(H, W)``, one size, or ``None`` for the task's default.
+    """
+    shape = image_shape(shape)  # an impossible shape fails before the model is built
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -76,11 +87,6 @@ def get_flops(config, shape=None, cfg_options=None, show_table=False):
     if shape is None:
         is_sr = 'upscale' in cfg.model.get('network', {})
         shape = SR_DEFAULT_SHAPE if is_sr else DEFAULT_SHAPES.get(scope, (224, 224))
-    elif len(shape) == 1:
-        shape = (shape[0], shape[0])
-    elif len(shape) != 2:
-        raise ValueError(f'--shape takes H W or one size, got {shape}')
-    shape = tuple(int(s) for s in shape)
     from mmengine.registry import MODELS
     model_cfg = cfg.model
     model_cfg.pop('pretrained', None)
@@ -117,4 +123,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

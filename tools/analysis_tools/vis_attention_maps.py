@@ -9,7 +9,9 @@ and keys (more with ``--methods``). Each map is ``|w| / sum |w|`` (see
 ``attention_entropy.py``), averaged over heads (or ``--head``); its entropy
 is in the panel title. The query is marked with a cross.
 
-Output: ``attention_maps.png`` in ``--out-dir``.
+Output: ``attention_maps.png`` in ``--out-dir``. A progress bar over the
+layers goes to stderr when it is a terminal (``--no-progress`` or
+``POLAPP_NO_PROGRESS=1``: none).
 
 Example::
 
@@ -33,6 +35,16 @@ from polaformerpp.analysis import (
     run_model,
     short_layer_name,
 )
+from polaformerpp.utils.cli import (
+    ArgumentCheckError,
+    existing_file,
+    image_shape,
+    non_negative_int,
+    parser_errors,
+    run_cli,
+    torch_device,
+)
+from polaformerpp.utils.progress import add_progress_argument, progress_from_args, track
 
 
 def parse_args(argv=None):
@@ -47,17 +59,32 @@ def parse_args(argv=None):
                         help='layer names (as printed, e.g. stages.0.blocks.1) or indices among '
                         'the linear attention layers; default: all')
     parser.add_argument('--methods', nargs='+', choices=METHODS, default=['pola-same', 'pola-opp', 'softmax'])
-    parser.add_argument('--head', type=int, default=None, help='one head instead of the mean over heads')
+    parser.add_argument('--head', type=non_negative_int, default=None,
+                        help='one head instead of the mean over heads')
     parser.add_argument('--no-rope', action='store_true', help='PolaFormer++ weights without RoPE')
     parser.add_argument('--out-dir', default='work_dirs/vis_attention_maps', help='where the PNG goes')
-    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--device', type=torch_device, default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
+    add_progress_argument(parser)
     args = parser.parse_args(argv)
-    if len(args.shape) == 1:
-        args.shape = args.shape * 2
-    if len(args.shape) != 2:
-        parser.error(f'--shape takes H W or one size, got {args.shape}')
+    with parser_errors(parser):
+        args.shape = list(image_shape(args.shape))
+        check_query(args.query, args.shape)
+        existing_file(args.config, 'config')
+        existing_file(args.checkpoint, 'checkpoint')
+        if args.img:
+            existing_file(args.img, '--img')
     return args
+
+
+def check_query(query, shape) -> None:
+    """``--query X Y`` must be a pixel of the ``H x W`` input."""
+    if query is None:
+        return
+    (x, y), (height, width) = query, shape
+    if not (0 <= x < width and 0 <= y < height):
+        raise ArgumentCheckError(f'--query ({x}, {y}) is outside the {width}x{height} input '
+                                 f'(X in [0, {width - 1}], Y in [0, {height - 1}])')
 
 
 def select_layers(captures, wanted):
@@ -66,12 +93,15 @@ def select_layers(captures, wanted):
     chosen = []
     for item in wanted:
         if item.lstrip('-').isdigit():
+            if not -len(captures) <= int(item) < len(captures):
+                raise ArgumentCheckError(f'--layers {item}: the model has {len(captures)} linear attention '
+                                         f'layers (indices 0..{len(captures) - 1})')
             chosen.append(captures[int(item)])
             continue
         matches = [c for c in captures if item in (c.name, short_layer_name(c.name))]
         if not matches:
             names = ', '.join(short_layer_name(c.name) for c in captures)
-            raise ValueError(f'--layers {item!r} is not a linear attention layer; choose from: {names}')
+            raise ArgumentCheckError(f'--layers {item!r} is not a linear attention layer; choose from: {names}')
         chosen += matches
     return chosen
 
@@ -85,13 +115,18 @@ def main(argv=None):
     args = parse_args(argv)
     height, width = args.shape
     x, y = args.query if args.query is not None else (width // 2, height // 2)
-    if not (0 <= x < width and 0 <= y < height):
-        raise ValueError(f'--query ({x}, {y}) is outside the {width}x{height} input')
+    check_query((x, y), args.shape)
     model = load_model(args.config, args.checkpoint, args.cfg_options, args.device)
     images, names = load_images([args.img] if args.img else [], (height, width), num_random=1)
     with AttentionRecorder(model) as recorder:
         run_model(model, images)
     captures = select_layers(recorder.captures, args.layers)
+    if not captures:
+        raise ValueError(f'{args.config} builds no PolaFormer++ linear attention layer')
+    fewest_heads = min(c.num_heads for c in captures)
+    if args.head is not None and args.head >= fewest_heads:
+        raise ArgumentCheckError(f'--head must be < {fewest_heads} (the fewest heads of the chosen layers), '
+                                 f'got {args.head}')
     rope = False if args.no_rope else None
 
     image_rgb = images[0].flip(0).permute(1, 2, 0).numpy()
@@ -99,7 +134,8 @@ def main(argv=None):
     cols = 1 + len(args.methods)
     fig, axes = plt.subplots(len(captures), cols, figsize=(2.4 * cols, 2.7 * len(captures) + 0.5),
                              squeeze=False)
-    for r, capture in enumerate(captures):
+    layers = track(captures, desc='attention maps per layer', enabled=progress_from_args(args))
+    for r, capture in enumerate(layers):
         H, W = capture.grid
         query = (min(H - 1, y * H // height), min(W - 1, x * W // width))
         axes[r, 0].imshow(image_rgb)
@@ -127,4 +163,4 @@ def main(argv=None):
 
 if __name__ == '__main__':
     torch.set_grad_enabled(False)
-    main()
+    run_cli(main)

@@ -26,6 +26,7 @@ import os.path as osp
 from mmengine.config import DictAction
 
 from polaformerpp.analysis import agg_pyplot, load_model, pola_attention_modules, polarity_mixing, short_layer_name
+from polaformerpp.utils.cli import existing_file, parser_errors, run_cli
 
 LAYERS_PER_ROW = 4
 STREAMS = (('same polarity', 'tab:red'), ('opposite polarity', 'tab:blue'))
@@ -37,7 +38,11 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out-dir', default='work_dirs/vis_polarity_mixing', help='where the PNG/JSON go')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    with parser_errors(parser):
+        existing_file(args.config, 'config')
+        existing_file(args.checkpoint, 'checkpoint')
+    return args
 
 
 def plot(layers, path, title):
@@ -98,4 +103,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -35,6 +35,7 @@ from polaformerpp.analysis import (
     temperature_pairs,
     temperature_summary,
 )
+from polaformerpp.utils.cli import existing_file, parser_errors, run_cli
 
 PANELS = (('same stream vs opposite stream', ('q+: same vs opp', 'q-: same vs opp'),
            'same-stream temperature', 'opposite-stream temperature'),
@@ -49,7 +50,11 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out-dir', default='work_dirs/vis_temperatures', help='where the PNG/JSON go')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    with parser_errors(parser):
+        existing_file(args.config, 'config')
+        existing_file(args.checkpoint, 'checkpoint')
+    return args
 
 
 def format_summary(summaries) -> str:
@@ -121,4 +126,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

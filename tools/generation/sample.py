@@ -8,6 +8,12 @@ Sample ``i`` uses noise seeded by ``(seed, i)``, so a run gives the same images
 whatever the batch size or number of processes (up to floating-point
 reduction order).
 
+Rank 0 shows a progress bar over all processes' samples on stderr when it is a
+terminal (``--no-progress`` or ``POLAPP_NO_PROGRESS=1``: none; in logs a line
+per batch instead). Impossible arguments (``--num-samples 0``, ``--steps 0``,
+``--cfg-scale`` below 1, labels outside the model's classes, missing files)
+end with a message naming the argument and exit code 2.
+
 Examples::
 
     python tools/generation/sample.py CONFIG CKPT --out-dir samples --num-samples 64 \\
@@ -32,6 +38,15 @@ from mmengine.utils import import_modules_from_strings
 from PIL import Image
 
 from polaformerpp.utils import allow_trusted_checkpoint_loading
+from polaformerpp.utils.cli import (
+    ArgumentCheckError,
+    MissingPathError,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    run_cli,
+)
+from polaformerpp.utils.progress import ProgressBar, add_progress_argument, progress_enabled, progress_from_args
 
 
 def parse_args(argv=None):
@@ -40,50 +55,56 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', help='checkpoint (its state_dict holds the EMA weights '
                         'when trained with the EMA hook)')
     parser.add_argument('--out-dir', required=True, help='folder for the .npz and the PNG grids')
-    parser.add_argument('--num-samples', type=int, default=None,
+    parser.add_argument('--num-samples', type=positive_int, default=None,
                         help='number of samples (default: number of --labels, else 64)')
-    parser.add_argument('--labels', nargs='+', type=int, default=None,
+    parser.add_argument('--labels', nargs='+', type=non_negative_int, default=None,
                         help='class labels, repeated cyclically up to --num-samples '
                         '(default: uniformly random labels drawn from --seed)')
     parser.add_argument('--cfg-scale', type=float, default=None,
                         help='classifier-free guidance scale (1 = none; default from the config)')
-    parser.add_argument('--steps', type=int, default=None,
+    parser.add_argument('--steps', type=positive_int, default=None,
                         help='sampling steps (respaced; default from the config)')
     parser.add_argument('--sampler', choices=['ddpm', 'ddim'], default=None)
-    parser.add_argument('--eta', type=float, default=None, help='DDIM eta')
+    parser.add_argument('--eta', type=non_negative_float, default=None, help='DDIM eta')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--batch-size', type=int, default=16, help='samples per forward, per process')
-    parser.add_argument('--grid-nrow', type=int, default=8, help='images per grid row')
-    parser.add_argument('--grid-size', type=int, default=64, help='images per PNG grid')
-    parser.add_argument('--num-grids', type=int, default=1, help='PNG grids to write (0: none)')
+    parser.add_argument('--batch-size', type=positive_int, default=16, help='samples per forward, per process')
+    parser.add_argument('--grid-nrow', type=positive_int, default=8, help='images per grid row')
+    parser.add_argument('--grid-size', type=positive_int, default=64, help='images per PNG grid')
+    parser.add_argument('--num-grids', type=non_negative_int, default=1, help='PNG grids to write (0: none)')
     parser.add_argument('--device', default=None, help="default: 'cuda' if available, else 'cpu'")
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. model.sample_cfg.clip_denoised=False')
     parser.add_argument('--launcher', choices=['none', 'pytorch'], default='none',
                         help="'pytorch' under torchrun (NCCL on GPUs, gloo on CPUs)")
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    add_progress_argument(parser)
     args = parser.parse_args(argv)
     check_args(args)
     return args
 
 
 def check_args(args) -> None:
+    """Checks of the parsed arguments (called by :func:`parse_args`; the ``type=`` checks come first).
+
+    Raises:
+        ArgumentCheckError: a ``ValueError`` naming the argument (``MissingPathError``, also a
+            ``FileNotFoundError``, for the files); the command line exits with code 2.
+    """
     if args.num_samples is None:
         args.num_samples = len(args.labels) if args.labels else 64
-    if args.num_samples < 1:
-        raise ValueError(f'--num-samples must be >= 1, got {args.num_samples}')
-    if args.batch_size < 1:
-        raise ValueError(f'--batch-size must be >= 1, got {args.batch_size}')
-    if args.cfg_scale is not None and args.cfg_scale < 1:
-        raise ValueError(f'--cfg-scale must be >= 1 (1 disables guidance), got {args.cfg_scale}')
+    for option, value in (('--num-samples', args.num_samples), ('--batch-size', args.batch_size)):
+        if value < 1:
+            raise ArgumentCheckError(f'{option} must be >= 1, got {value}')
+    if args.cfg_scale is not None and not 1 <= args.cfg_scale < float('inf'):
+        raise ArgumentCheckError(f'--cfg-scale must be >= 1 (1 disables guidance), got {args.cfg_scale}')
     if args.steps is not None and args.steps < 1:
-        raise ValueError(f'--steps must be >= 1, got {args.steps}')
+        raise ArgumentCheckError(f'--steps must be >= 1, got {args.steps}')
     if args.eta is not None and args.eta < 0:
-        raise ValueError(f'--eta must be >= 0, got {args.eta}')
+        raise ArgumentCheckError(f'--eta must be >= 0, got {args.eta}')
     if not osp.isfile(args.config):
-        raise FileNotFoundError(f'config not found: {args.config}')
+        raise MissingPathError(f'config not found: {args.config}')
     if not osp.isfile(args.checkpoint):
-        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+        raise MissingPathError(f'checkpoint not found: {args.checkpoint}')
 
 
 def setup_distributed(launcher: str):
@@ -122,11 +143,18 @@ def resolve_labels(args, num_classes: int) -> np.ndarray:
     if args.labels:
         bad = [y for y in args.labels if not 0 <= y < num_classes]
         if bad:
-            raise ValueError(f'--labels must be in [0, {num_classes - 1}], got {bad}')
+            raise ArgumentCheckError(f'--labels must be in [0, {num_classes - 1}] (the model has '
+                                     f'{num_classes} classes), got {bad}')
         labels = np.resize(np.asarray(args.labels, np.int64), args.num_samples)
     else:
         labels = np.random.default_rng(args.seed).integers(0, num_classes, args.num_samples)
     return labels.astype(np.int64)
+
+
+def samples_done(num_samples: int, world: int, batch_size: int, batches: int) -> int:
+    """Samples all ``world`` processes have made after ``batches`` batches each (rank ``r`` takes
+    the indices ``r, r + world, ...``)."""
+    return sum(min(batches * batch_size, len(range(r, num_samples, world))) for r in range(world))
 
 
 def main(argv=None):
@@ -141,14 +169,20 @@ def main(argv=None):
     my_indices = np.arange(rank, args.num_samples, world)
     chunks = []
     num_batches = math.ceil(len(my_indices) / args.batch_size)
-    for b in range(num_batches):
-        idx = my_indices[b * args.batch_size:(b + 1) * args.batch_size]
-        fakes = model.sample(torch.from_numpy(labels[idx]), num_steps=args.steps,
-                             sampler=args.sampler, cfg_scale=args.cfg_scale, eta=args.eta,
-                             generator=sample_generators(args.seed, idx))
-        chunks.append(fakes.permute(0, 2, 3, 1).numpy())
-        if rank == 0:
-            print(f'[rank 0] batch {b + 1}/{num_batches} done', flush=True)
+    # rank 0 draws one bar over all processes' samples (they run in step: same batch count +- 1)
+    show = rank == 0 and progress_enabled(progress_from_args(args))
+    what = f'sampling {args.num_samples} images' + (f' on {world} processes' if world > 1 else '')
+    with ProgressBar(args.num_samples, what, enabled=show) as bar:
+        for b in range(num_batches):
+            idx = my_indices[b * args.batch_size:(b + 1) * args.batch_size]
+            fakes = model.sample(torch.from_numpy(labels[idx]), num_steps=args.steps,
+                                 sampler=args.sampler, cfg_scale=args.cfg_scale, eta=args.eta,
+                                 generator=sample_generators(args.seed, idx))
+            chunks.append(fakes.permute(0, 2, 3, 1).numpy())
+            if show:
+                bar.update(samples_done(args.num_samples, world, args.batch_size, b + 1) - bar.completed)
+            elif rank == 0:
+                print(f'[rank 0] batch {b + 1}/{num_batches} done', flush=True)
     images = np.concatenate(chunks) if chunks else None
 
     os.makedirs(args.out_dir, exist_ok=True)
@@ -183,4 +217,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

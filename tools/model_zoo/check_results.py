@@ -33,6 +33,10 @@ Examples::
     python tools/model_zoo/check_results.py --checkpoint-dir checkpoints --models 'polapp-b*_in1k'
     python tools/model_zoo/check_results.py --list my_runs.yml --gpus 8 --out results.md
     python tools/model_zoo/check_results.py --dry-run          # what would run
+
+While the evaluations run, a progress bar over the checkpoints goes to stderr
+when it is a terminal (``--no-progress`` or ``POLAPP_NO_PROGRESS=1``: none; in
+logs a line per model instead); the table goes to stdout.
 """
 import argparse
 import fnmatch
@@ -43,6 +47,16 @@ import subprocess
 import sys
 
 import yaml
+
+from polaformerpp.utils.cli import (
+    ArgumentCheckError,
+    MissingPathError,
+    existing_file,
+    parser_errors,
+    positive_int,
+    run_cli,
+)
+from polaformerpp.utils.progress import ProgressBar, add_progress_argument, progress_enabled, progress_from_args
 
 REPO_ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 
@@ -70,13 +84,21 @@ def parse_args(argv=None):
     parser.add_argument('--list', dest='list_file', help='YAML/JSON list of {config, checkpoint, ...}')
     parser.add_argument('--checkpoint-dir', default='checkpoints', help='where <Name>.pth files are')
     parser.add_argument('--work-dir', default='work_dirs/model_zoo', help='logs and metrics per model')
-    parser.add_argument('--gpus', type=int, default=1, help='> 1: tools/dist_test.sh with this many GPUs')
+    parser.add_argument('--gpus', type=positive_int, default=1,
+                        help='> 1: tools/dist_test.sh with this many GPUs')
     parser.add_argument('--cfg-options', nargs='+', default=[],
                         help='passed to every tools/test.py run, e.g. test_dataloader.batch_size=64')
     parser.add_argument('--dry-run', action='store_true',
                         help='print the commands and the table, run nothing')
     parser.add_argument('--out', help='also write the table to this .md or .json file')
-    return parser.parse_args(argv)
+    add_progress_argument(parser)
+    args = parser.parse_args(argv)
+    with parser_errors(parser):
+        if args.list_file:
+            existing_file(args.list_file, '--list')
+        elif not osp.isfile(args.model_index):
+            raise MissingPathError(f'--model-index: {args.model_index} not found (or pass --list)')
+    return args
 
 
 # --------------------------------------------------------------------------- what to check
@@ -133,7 +155,7 @@ def entries_from_index(models, patterns, checkpoint_dir):
                             checkpoint=find_checkpoint(model, checkpoint_dir),
                             results=model.get('Results') or [], cfg_options=[]))
     if patterns and not entries:
-        raise ValueError(f'no model of the index matches {patterns}')
+        raise ArgumentCheckError(f'--models: no model of the index matches {patterns}')
     return entries
 
 
@@ -275,20 +297,26 @@ def main(argv=None):
         entries = entries_from_index(models, args.models, args.checkpoint_dir)
 
     rows = []
-    for i, entry in enumerate(entries, 1):
-        work_dir = osp.abspath(osp.join(args.work_dir, entry['name']))
-        if not entry['checkpoint']:
-            metrics, status = None, 'no checkpoint'
-        elif not osp.isfile(entry['checkpoint']):
-            metrics, status = None, f"checkpoint not found: {entry['checkpoint']}"
-        elif args.dry_run:
-            print(' '.join(build_test_command(entry, work_dir, args.gpus, args.cfg_options)))
-            metrics, status = None, 'dry run'
-        else:
-            print(f"[{i}/{len(entries)}] {entry['name']}: evaluating {entry['checkpoint']}", file=sys.stderr,
-                  flush=True)
-            metrics, status = run_test(entry, work_dir, args.gpus, args.cfg_options)
-        rows += table_rows(entry, metrics, status)
+    runnable = 0 if args.dry_run else sum(bool(e['checkpoint']) and osp.isfile(e['checkpoint'])
+                                          for e in entries)
+    show = progress_enabled(progress_from_args(args))
+    with ProgressBar(runnable, f'evaluating {runnable} checkpoint(s)', enabled=show) as bar:
+        for i, entry in enumerate(entries, 1):
+            work_dir = osp.abspath(osp.join(args.work_dir, entry['name']))
+            if not entry['checkpoint']:
+                metrics, status = None, 'no checkpoint'
+            elif not osp.isfile(entry['checkpoint']):
+                metrics, status = None, f"checkpoint not found: {entry['checkpoint']}"
+            elif args.dry_run:
+                print(' '.join(build_test_command(entry, work_dir, args.gpus, args.cfg_options)))
+                metrics, status = None, 'dry run'
+            else:
+                if not show:
+                    print(f"[{i}/{len(entries)}] {entry['name']}: evaluating {entry['checkpoint']}",
+                          file=sys.stderr, flush=True)
+                metrics, status = run_test(entry, work_dir, args.gpus, args.cfg_options)
+                bar.update()
+            rows += table_rows(entry, metrics, status)
 
     table = format_table(rows)
     print(table)
@@ -303,4 +331,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)
