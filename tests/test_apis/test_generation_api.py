@@ -19,8 +19,11 @@ def test_sample_images_shape_range_and_seeds(tmp_path):
     assert images.shape == (3, 32, 32, 3) and images.dtype == np.uint8  # (B, H, W, 3) RGB
     assert images.std() > 0
     np.testing.assert_array_equal(images, sample_images(model, np.array([0, 1, 3]), num_steps=2, seed=0))
-    # sample i is seeded by (seed, i): the first image does not depend on the others
-    np.testing.assert_array_equal(images[:1], sample_images(model, [0], num_steps=2, seed=0))
+    # sample i is seeded by (seed, i): the first image does not depend on the others (up to the
+    # rounding of batched vs single products, which can move a uint8 value by one)
+    alone = sample_images(model, [0], num_steps=2, seed=0)
+    diff = np.abs(alone.astype(np.int16) - images[:1])
+    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (diff.max(), (diff > 0).mean())
     assert not np.array_equal(images, sample_images(model, [0, 1, 3], num_steps=2, seed=1))
     guided = sample_images(model, torch.tensor([0, 1, 3]), num_steps=2, cfg_scale=3.0, seed=0)
     assert guided.shape == images.shape and not np.array_equal(guided, images)

@@ -203,7 +203,8 @@ def test_slurm_train_and_test_two_tasks(demo_in1k, tmp_path, fake_slurm):
     proc = run_tool(['tools/slurm_train.sh', 'dummy', 'job', DEMO_CONFIG, work_dir, '--cfg-options',
                      *data_options(demo_in1k), 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
                      'train_dataloader.batch_size=16', 'default_hooks.checkpoint.interval=1'],
-                    env=dict(GPUS='2', GPUS_PER_NODE='2', MASTER_PORT=str(free_port()), OMP_NUM_THREADS='1'))
+                    env=dict(GPUS='2', GPUS_PER_NODE='2', MASTER_PORT=str(free_port()), OMP_NUM_THREADS='1',
+                             PYTHON=sys.executable))
     log = proc.stdout + proc.stderr
     assert 'Distributed launcher: slurm' in log and 'Distributed training: True' in log, log[-3000:]
     assert 'GPU number: 2' in log, log[-3000:]
