@@ -27,6 +27,11 @@ What is written under ``--out-dir`` (default ``outputs``):
 * super-resolution: ``<name>_x<s>.png`` (the network's output, ``s`` times
   the input size) and ``<name>_x<s>_vs_bicubic.png`` (bicubic upscaling and
   the network side by side, twice as wide).
+
+``--weights`` loads safely (``weights_only=True``; ``--unsafe-load`` to trust a
+file that needs full unpickling) and strictly: a checkpoint that does not fit
+the config (missing or unexpected keys, shape mismatches) is refused with the
+listing, unless ``--allow-partial``.
 """
 import argparse
 import json
@@ -48,11 +53,15 @@ class DemoArgumentError(ValueError):
 def parse_args(argv=None):
     from mmengine.config import DictAction
 
+    from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP
+
     parser = argparse.ArgumentParser(
         prog=PROG, description='Run a classification, detection, segmentation or super-resolution config on one image')
     parser.add_argument('image', help='image file (anything OpenCV reads: PNG, JPEG, ...)')
     parser.add_argument('config', help='config file of one of the four tasks')
     parser.add_argument('--weights', help='checkpoint file (omitted: the randomly initialised model)')
+    parser.add_argument('--allow-partial', action='store_true', help=ALLOW_PARTIAL_HELP)
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP)
     parser.add_argument('--out-dir', default='outputs', help='folder for the drawn image(s) and predictions')
     parser.add_argument('--device', default=None,
                         help="torch device, e.g. 'cpu', 'cuda:0' (default: cuda:0 if available, else cpu)")
@@ -232,10 +241,14 @@ def run_super_resolution(args, cfg):
     """``polaformerpp.apis.restore_image``; writes the SR image and a side-by-side with bicubic."""
     import cv2
 
-    from polaformerpp.apis import init_restorer, restore_image
+    from polaformerpp.apis import restore_image
+    from polaformerpp.apis.config_loading import build_from_config, load_config
+    from polaformerpp.restoration import SRRestorer
 
     lr = read_image(args.image)
-    model = init_restorer(args.config, checkpoint=args.weights, device=args.device, cfg_options=args.cfg_options)
+    # what init_restorer does, with the demo's --allow-partial / --unsafe-load
+    model = build_from_config(load_config(args.config, args.cfg_options), SRRestorer, args.weights, args.device,
+                              'image_demo.py', allow_partial=args.allow_partial, unsafe_load=args.unsafe_load)
     sr = restore_image(model, lr)
     h, w = lr.shape[:2]
     scale = sr.shape[0] // h
@@ -260,6 +273,17 @@ RUNNERS = {
     'segmentation': run_segmentation,
     'super_resolution': run_super_resolution,
 }
+
+
+def check_weights(args, cfg):
+    """Refuse ``--weights`` that do not fit the config before the library's inferencer loads them leniently.
+
+    The model is built and the checkpoint loaded into it once, safely and
+    strictly (:func:`polaformerpp.analysis.load_model`); the inferencer then
+    builds its own.
+    """
+    from polaformerpp.analysis import load_model
+    load_model(cfg.copy(), args.weights, allow_partial=args.allow_partial, unsafe_load=args.unsafe_load)
 
 
 def load_config(args):
@@ -287,8 +311,10 @@ def main(argv=None):
     except DemoArgumentError as err:
         print(f'{PROG}: error: {err}', file=sys.stderr)
         sys.exit(2)
-    from polaformerpp.utils import allow_trusted_checkpoint_loading
-    allow_trusted_checkpoint_loading()  # Runner checkpoints (epoch_N.pth) the user names
+    from polaformerpp.utils import set_unsafe_loading
+    set_unsafe_loading(args.unsafe_load)
+    if args.weights is not None and task != 'super_resolution':
+        check_weights(args, cfg)
     print(f'task: {task}; config: {args.config}; weights: {args.weights or "none (random initialisation)"}')
     os.makedirs(args.out_dir, exist_ok=True)
     before = files_under(args.out_dir)
@@ -304,4 +330,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    from polaformerpp.utils.checkpoint import exit_on_checkpoint_error
+    exit_on_checkpoint_error(main)

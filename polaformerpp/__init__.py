@@ -9,12 +9,20 @@ It also registers the ``polaformerpp::`` config scope
 package's configs, ``_base_ = ['polaformerpp::classification/polapp-b0_8xb256_in1k.py']``.
 ``_base_`` is read before ``custom_imports`` run, so for that the import has to
 happen before the config is read (this project's tools do it).
+
+And it makes checkpoint loading safe and mmengine-aware
+(:func:`polaformerpp.utils.checkpoint.register_safe_globals`): ``torch.load``
+with ``weights_only=True`` accepts the types of mmengine's Runner checkpoints
+(message hub, numpy state) and nothing else, and mmengine's local-file loader
+names the file when it refuses one.
 """
 from . import models  # noqa: F401
 from .ops import pola_attention, pola_rope_tables
+from .utils.checkpoint import register_safe_globals
 from .utils.config_scope import register_config_scope
 from .version import __version__
 
 register_config_scope()
+register_safe_globals()
 
 __all__ = ['__version__', 'pola_attention', 'pola_rope_tables']

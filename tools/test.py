@@ -4,6 +4,7 @@ Examples::
 
     python tools/test.py CONFIG CHECKPOINT
     python tools/test.py CONFIG CHECKPOINT --tta            # config's tta_model/tta_pipeline
+    python tools/test.py CONFIG CHECKPOINT --allow-partial  # evaluate although keys are missing
     python tools/test.py CONFIG CHECKPOINT --out results.pkl --out-json metrics.json
     bash tools/dist_test.sh CONFIG CHECKPOINT 8
     bash tools/slurm_test.sh PARTITION JOB CONFIG CHECKPOINT   # srun, GPUS=8 tasks by default
@@ -21,12 +22,14 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from polaformerpp.utils import (
+    StrictLoadHook,
     adapt_cfg_to_device,
-    allow_trusted_checkpoint_loading,
     apply_common_args,
     init_distributed_if_cpu,
+    set_unsafe_loading,
     shutdown_distributed,
 )
+from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 
 
 def parse_args(argv=None):
@@ -34,6 +37,8 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='directory for the evaluation logs')
+    parser.add_argument('--allow-partial', action='store_true', help=ALLOW_PARTIAL_HELP)
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP)
     parser.add_argument('--out', help='dump raw predictions to this pickle file')
     parser.add_argument('--out-json', help='write the final metrics to this JSON file')
     parser.add_argument('--save-dir', help='super-resolution: write the SR outputs as PNG here')
@@ -71,10 +76,12 @@ def merge_args(cfg, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    allow_trusted_checkpoint_loading()
+    set_unsafe_loading(args.unsafe_load)
     cfg = merge_args(Config.fromfile(args.config), args)
     init_distributed_if_cpu(args.launcher)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    # refuse (before evaluating) a checkpoint that leaves the model half-initialised
+    runner.register_hook(StrictLoadHook(strict=True, allow_partial=args.allow_partial, filename=args.checkpoint))
     if args.out is not None:
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ValueError(f'--out must be a .pkl file, got {args.out}')
@@ -89,4 +96,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    exit_on_checkpoint_error(main)

@@ -6,6 +6,7 @@ Examples::
     python tools/train.py CONFIG --work-dir work_dirs/x --amp --cfg-options train_cfg.max_epochs=10
     python tools/train.py CONFIG --resume                  # latest checkpoint in the work dir
     python tools/train.py CONFIG --resume path/epoch_3.pth
+    python tools/train.py CONFIG --unsafe-load --resume    # a trusted checkpoint that needs full unpickling
     python tools/train.py CONFIG --tensorboard             # also log to TensorBoard (vis_data/events.*)
     bash tools/dist_train.sh CONFIG 8                      # torchrun, 8 processes
     bash tools/slurm_train.sh PARTITION JOB CONFIG WORK_DIR  # srun, GPUS=8 tasks by default
@@ -21,12 +22,14 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from polaformerpp.utils import (
+    StrictLoadHook,
     adapt_cfg_to_device,
-    allow_trusted_checkpoint_loading,
     apply_common_args,
     init_distributed_if_cpu,
+    set_unsafe_loading,
     shutdown_distributed,
 )
+from polaformerpp.utils.checkpoint import UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.runtime import add_tensorboard_backend
 
 
@@ -37,6 +40,8 @@ def parse_args(argv=None):
     parser.add_argument(
         '--resume', nargs='?', const='auto', default=None,
         help='resume from the latest checkpoint in the work dir, or from the given checkpoint')
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP + ' (for --resume, '
+                        'load_from and init_cfg=Pretrained alike)')
     parser.add_argument('--amp', action='store_true', help='automatic mixed precision (CUDA)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale lr by the actual total batch over auto_scale_lr.base_batch_size')
@@ -95,13 +100,16 @@ def merge_args(cfg, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    allow_trusted_checkpoint_loading()
+    set_unsafe_loading(args.unsafe_load)
     cfg = merge_args(Config.fromfile(args.config), args)
     init_distributed_if_cpu(args.launcher)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    if cfg.get('load_from') and not cfg.get('resume', False):
+        # fine-tuning stays lenient: one line says what was and was not loaded
+        runner.register_hook(StrictLoadHook(strict=False, filename=cfg.load_from))
     runner.train()
     shutdown_distributed()
 
 
 if __name__ == '__main__':
-    main()
+    exit_on_checkpoint_error(main)

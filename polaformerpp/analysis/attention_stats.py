@@ -474,9 +474,14 @@ class _DiTOnly(nn.Module):
         self.dit = dit
 
 
-def load_model(config, checkpoint: Optional[str] = None,
-               cfg_options: Optional[dict] = None, device: str = 'cpu') -> nn.Module:
+def load_model(config, checkpoint: Optional[str] = None, cfg_options: Optional[dict] = None, device: str = 'cpu',
+               allow_partial: bool = False, unsafe_load: bool = False) -> nn.Module:
     """Build the model of a config (its scope and custom imports), load a checkpoint, eval mode.
+
+    The checkpoint loads safely (``weights_only=True``; ``unsafe_load`` for a
+    trusted file that needs full unpickling) and strictly: unfilled,
+    unexpected or mis-shaped tensors raise
+    :class:`~polaformerpp.utils.CheckpointMismatchError` unless ``allow_partial``.
 
     A config's top-level ``data_preprocessor`` is merged into the model as the
     Runner does. For a diffusion config (``model.dit``) only the DiT is built
@@ -484,7 +489,8 @@ def load_model(config, checkpoint: Optional[str] = None,
     """
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
-    from mmengine.runner import load_checkpoint
+
+    from polaformerpp.utils.checkpoint import load_model_weights
 
     cfg = Config.fromfile(config) if isinstance(config, str) else config
     if cfg_options:
@@ -509,9 +515,7 @@ def load_model(config, checkpoint: Optional[str] = None,
     if checkpoint is not None:
         if not osp.isfile(checkpoint):
             raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
-        from polaformerpp.utils import allow_trusted_checkpoint_loading
-        allow_trusted_checkpoint_loading()
-        load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
+        load_model_weights(model, checkpoint, allow_partial=allow_partial, unsafe=True if unsafe_load else None)
     return model.to(device).eval()
 
 

@@ -5,8 +5,9 @@ from typing import Optional, Union
 
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
-from mmengine.runner import load_checkpoint
 from mmengine.utils import import_modules_from_strings
+
+from polaformerpp.utils.checkpoint import load_model_weights
 
 __all__ = ['load_config', 'build_from_config']
 
@@ -37,11 +38,16 @@ def load_config(config: Union[str, Path, Config], cfg_options: Optional[dict] = 
     return cfg
 
 
-def build_from_config(cfg: Config, expected: type, checkpoint: Optional[str], device: str, what: str):
+def build_from_config(cfg: Config, expected: type, checkpoint: Optional[str], device: str, what: str,
+                      allow_partial: bool = False, unsafe_load: bool = False):
     """``cfg.model`` built (an instance of ``expected``), weights loaded, on ``device``, in eval mode.
 
     The config is attached as ``model.cfg`` (as ``mmdet.apis.init_detector`` does).
-    The checkpoint is read by mmengine's ``load_checkpoint`` onto the CPU first.
+    The checkpoint is read onto the CPU first, safely (``weights_only=True``;
+    ``unsafe_load=True`` unpickles a trusted file in full) and strictly: a
+    checkpoint that leaves tensors of the model unfilled, has unexpected keys or
+    shape mismatches raises :class:`~polaformerpp.utils.CheckpointMismatchError`
+    unless ``allow_partial`` (see :func:`polaformerpp.utils.load_model_weights`).
     """
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
         model = MODELS.build(cfg.model)
@@ -49,7 +55,7 @@ def build_from_config(cfg: Config, expected: type, checkpoint: Optional[str], de
         raise TypeError(f'the config\'s model is a {type(model).__name__}; {what} needs a '
                         f'{expected.__name__} config')
     if checkpoint is not None:
-        load_checkpoint(model, str(checkpoint), map_location='cpu', logger='silent')
+        load_model_weights(model, str(checkpoint), allow_partial=allow_partial, unsafe=True if unsafe_load else None)
     model.cfg = cfg
     model.to(device)
     model.eval()

@@ -12,7 +12,8 @@ __all__ = ['init_generator', 'sample_images']
 
 
 def init_generator(config: Union[str, Path, Config], checkpoint: Optional[str] = None, device: str = 'cpu',
-                   cfg_options: Optional[dict] = None):
+                   cfg_options: Optional[dict] = None, allow_partial: bool = False,
+                   unsafe_load: bool = False):
     """Build the diffusion model of a ``configs/generation`` config, ready for sampling.
 
     Args:
@@ -21,6 +22,10 @@ def init_generator(config: Union[str, Path, Config], checkpoint: Optional[str] =
             its ``state_dict`` holds the EMA weights); ``None``: random weights.
         device: e.g. ``'cpu'``, ``'cuda:0'``.
         cfg_options: overrides with dotted keys, e.g. ``{'model.sample_cfg.num_steps': 50}``.
+        allow_partial: load a checkpoint that does not fill every tensor of the
+            model (or has unexpected / mis-shaped ones); refused by default.
+        unsafe_load: unpickle a checkpoint you trust in full (``weights_only=False``);
+            by default only the types of mmengine's checkpoints are allowed.
 
     Returns:
         DiTDiffusion: in eval mode, with the config as ``model.cfg``. A latent
@@ -29,7 +34,8 @@ def init_generator(config: Union[str, Path, Config], checkpoint: Optional[str] =
     import polaformerpp.generation  # noqa: F401  (registers DiTDiffusion and the DiTs)
     from polaformerpp.generation import DiTDiffusion
     cfg = load_config(config, cfg_options)
-    return build_from_config(cfg, DiTDiffusion, checkpoint, device, 'init_generator')
+    return build_from_config(cfg, DiTDiffusion, checkpoint, device, 'init_generator', allow_partial=allow_partial,
+                             unsafe_load=unsafe_load)
 
 
 @torch.no_grad()

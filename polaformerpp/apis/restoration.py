@@ -12,7 +12,8 @@ __all__ = ['init_restorer', 'restore_image']
 
 
 def init_restorer(config: Union[str, Path, Config], checkpoint: Optional[str] = None, device: str = 'cpu',
-                  cfg_options: Optional[dict] = None):
+                  cfg_options: Optional[dict] = None, allow_partial: bool = False,
+                  unsafe_load: bool = False):
     """Build the SR model of a ``configs/super_resolution`` config, ready for inference.
 
     Args:
@@ -21,13 +22,18 @@ def init_restorer(config: Union[str, Path, Config], checkpoint: Optional[str] = 
             converted file); ``None`` keeps the random initialisation.
         device: e.g. ``'cpu'``, ``'cuda:0'``.
         cfg_options: overrides with dotted keys, e.g. ``{'model.network.upscale': 2}``.
+        allow_partial: load a checkpoint that does not fill every tensor of the
+            model (or has unexpected / mis-shaped ones); refused by default.
+        unsafe_load: unpickle a checkpoint you trust in full (``weights_only=False``);
+            by default only the types of mmengine's checkpoints are allowed.
 
     Returns:
         SRRestorer: in eval mode, with the config as ``model.cfg``.
     """
     from polaformerpp.restoration import SRRestorer
     cfg = load_config(config, cfg_options)
-    return build_from_config(cfg, SRRestorer, checkpoint, device, 'init_restorer')
+    return build_from_config(cfg, SRRestorer, checkpoint, device, 'init_restorer', allow_partial=allow_partial,
+                             unsafe_load=unsafe_load)
 
 
 def _read_bgr(img: Union[str, Path, np.ndarray]) -> np.ndarray:

@@ -3,10 +3,9 @@
 They keep mmengine 0.10.7 working on current torch and on machines without a
 GPU, without touching installed packages:
 
-* torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, which
-  rejects the Runner's own checkpoints (message hub, numpy state) on
-  ``--resume`` and ``load_from``. The tools load only checkpoints the user
-  names, so they opt back into full unpickling (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``).
+* Checkpoints load safely (``weights_only=True``) with the types of the
+  Runner's own checkpoints allowed; that lives in :mod:`polaformerpp.utils.checkpoint`
+  (registered at ``import polaformerpp``), with the explicit ``--unsafe-load`` opt-in.
 * On a CPU-only machine, distributed runs use gloo, DDP gets ``device_ids=None``,
   mixed precision falls back to fp32 and SyncBN to BN (each logged). That holds
   for torchrun (``--launcher pytorch``) and for Slurm's srun (``--launcher slurm``),
@@ -25,14 +24,9 @@ import torch.distributed as dist
 from mmengine.logging import print_log
 
 __all__ = [
-    'allow_trusted_checkpoint_loading', 'apply_common_args', 'adapt_cfg_to_device',
+    'apply_common_args', 'adapt_cfg_to_device',
     'init_distributed_if_cpu', 'shutdown_distributed', 'slurm_dist_env', 'add_tensorboard_backend'
 ]
-
-
-def allow_trusted_checkpoint_loading() -> None:
-    """Let ``torch.load`` unpickle Runner checkpoints (trusted, user-named files)."""
-    os.environ.setdefault('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
 
 
 def apply_common_args(cfg, args) -> None:

@@ -124,9 +124,12 @@ def test_side_by_side(demo):
 
 @pytest.mark.slow
 def test_classification_b0_with_checkpoint(photo, tmp_path):
-    # a checkpoint holding only the head (the rest keeps its initialisation, as mmengine loads
-    # non-strictly) that makes class 7 win, with its own class names in meta.dataset_meta
+    # a checkpoint holding only the head that makes class 7 win, with its own class names in
+    # meta.dataset_meta: refused as not fitting the model, run with --allow-partial (the rest keeps
+    # its initialisation)
     import torch
+
+    from polaformerpp.utils import CheckpointMismatchError
     classes = [f'class_{i}' for i in range(1000)]
     bias = torch.zeros(1000)
     bias[7], bias[3] = 20.0, 19.0
@@ -134,7 +137,10 @@ def test_classification_b0_with_checkpoint(photo, tmp_path):
     torch.save(dict(meta=dict(dataset_meta=dict(classes=classes)),
                     state_dict={'head.fc.weight': torch.zeros(1000, 2048), 'head.fc.bias': bias}), ckpt)
     out = str(tmp_path / 'out')
-    stdout = run_demo(photo, CLS_B0, '--weights', ckpt, '--out-dir', out, '--topk', '3', '--device', 'cpu')
+    with pytest.raises(CheckpointMismatchError, match=r'missing in the checkpoint \(224\)'):
+        load_tool('demo/image_demo.py').main([photo, CLS_B0, '--weights', ckpt, '--out-dir', out, '--device', 'cpu'])
+    stdout = run_demo(photo, CLS_B0, '--weights', ckpt, '--allow-partial', '--out-dir', out, '--topk', '3',
+                      '--device', 'cpu')
     vis, pred = osp.join(out, 'vis', 'astronaut.png'), osp.join(out, 'preds', 'astronaut.json')
     assert written(stdout) == [vis, pred]
     assert read(vis).ndim == 3

@@ -62,6 +62,7 @@ from polaformerpp.analysis import (
     run_model,
     short_layer_name,
 )
+from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import (
     existing_file,
     existing_path,
@@ -80,6 +81,8 @@ def parse_args(argv=None):
                                      'ReLU and 1+ELU attention on the same queries and keys')
     parser.add_argument('config', help='config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--allow-partial', action='store_true', help=ALLOW_PARTIAL_HELP)
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP)
     parser.add_argument('--img', nargs='+', default=[],
                         help='image files or folders (default: random inputs)')
     parser.add_argument('--num-random', type=positive_int, default=2,
@@ -151,7 +154,8 @@ def plot(rows, methods, path, title):
 
 def main(argv=None):
     args = parse_args(argv)
-    model = load_model(args.config, args.checkpoint, args.cfg_options, args.device)
+    model = load_model(args.config, args.checkpoint, args.cfg_options, args.device,
+                       allow_partial=args.allow_partial, unsafe_load=args.unsafe_load)
     images, names = load_images(args.img, tuple(args.shape), args.num_random)
     with AttentionRecorder(model) as recorder:
         run_model(model, images)
@@ -178,4 +182,4 @@ def main(argv=None):
 
 if __name__ == '__main__':
     torch.set_grad_enabled(False)
-    run_cli(main)
+    exit_on_checkpoint_error(lambda argv: run_cli(main, argv))

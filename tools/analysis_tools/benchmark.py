@@ -35,6 +35,7 @@ import torch
 from mmengine.config import Config, DictAction
 
 from polaformerpp.analysis import load_model
+from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import image_shape, non_negative_int, parser_errors, positive_int, run_cli, torch_device
 from polaformerpp.utils.progress import ProgressBar, add_progress_argument, progress_from_args
 
@@ -47,6 +48,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Measure the inference throughput of a config')
     parser.add_argument('config', help='config file path')
     parser.add_argument('--checkpoint', help='checkpoint to load (default: the initial weights)')
+    parser.add_argument('--allow-partial', action='store_true', help=ALLOW_PARTIAL_HELP)
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP)
     parser.add_argument('--shape', type=int, nargs='+', default=None, help='input H W (or one size)')
     parser.add_argument('--batch-size', type=positive_int, default=1)
     parser.add_argument('--device', type=torch_device, default='cuda' if torch.cuda.is_available() else 'cpu')
@@ -110,18 +113,20 @@ def default_shape(cfg, scope):
 
 
 def benchmark(config, checkpoint=None, shape=None, batch_size=1, device='cpu', amp=None, warmup=5,
-              repeat=20, cfg_options=None, progress=False):
+              repeat=20, cfg_options=None, progress=False, allow_partial=False,
+              unsafe_load=False):
     """Time the network of ``config``; returns a dict of the measurements (seconds, images/s).
 
     ``progress``: a bar over the warm-up and timed iterations on stderr (``False`` none,
-    ``None`` when stderr is a terminal, ``True`` always).
+    ``None`` when stderr is a terminal, ``True`` always). ``allow_partial`` / ``unsafe_load``:
+    see :func:`polaformerpp.analysis.load_model` (the checkpoint loads strictly and safely by default).
     """
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     scope = cfg.get('default_scope', None)
     shape = tuple(shape) if shape is not None else default_shape(cfg, scope)
-    model = load_model(cfg, checkpoint, device=device)
+    model = load_model(cfg, checkpoint, device=device, allow_partial=allow_partial, unsafe_load=unsafe_load)
     forward, described = build_forward(model, scope, shape, batch_size, device)
     cuda = str(device).startswith('cuda')
 
@@ -163,7 +168,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     result = benchmark(args.config, args.checkpoint, args.shape, args.batch_size, args.device, args.amp,
-                       args.warmup, args.repeat, args.cfg_options, progress=progress_from_args(args))
+                       args.warmup, args.repeat, args.cfg_options, progress=progress_from_args(args),
+                       allow_partial=args.allow_partial, unsafe_load=args.unsafe_load)
     device = result.get('device_name', result['device'])
     if not result['device'].startswith('cuda'):
         device += f' ({torch.get_num_threads()} threads)'
@@ -183,4 +189,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_cli(main)
+    exit_on_checkpoint_error(lambda argv: run_cli(main, argv))

@@ -35,6 +35,7 @@ from polaformerpp.analysis import (
     run_model,
     short_layer_name,
 )
+from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import (
     ArgumentCheckError,
     existing_file,
@@ -51,6 +52,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Attention map of one query pixel, PolaFormer++ vs softmax')
     parser.add_argument('config', help='config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--allow-partial', action='store_true', help=ALLOW_PARTIAL_HELP)
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP)
     parser.add_argument('--img', help='image file (default: a random image)')
     parser.add_argument('--shape', type=int, nargs='+', default=[224], help='input H W (or one size)')
     parser.add_argument('--query', type=int, nargs=2, metavar=('X', 'Y'), default=None,
@@ -116,7 +119,8 @@ def main(argv=None):
     height, width = args.shape
     x, y = args.query if args.query is not None else (width // 2, height // 2)
     check_query((x, y), args.shape)
-    model = load_model(args.config, args.checkpoint, args.cfg_options, args.device)
+    model = load_model(args.config, args.checkpoint, args.cfg_options, args.device,
+                       allow_partial=args.allow_partial, unsafe_load=args.unsafe_load)
     images, names = load_images([args.img] if args.img else [], (height, width), num_random=1)
     with AttentionRecorder(model) as recorder:
         run_model(model, images)
@@ -163,4 +167,4 @@ def main(argv=None):
 
 if __name__ == '__main__':
     torch.set_grad_enabled(False)
-    run_cli(main)
+    exit_on_checkpoint_error(lambda argv: run_cli(main, argv))

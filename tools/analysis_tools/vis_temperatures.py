@@ -35,6 +35,7 @@ from polaformerpp.analysis import (
     temperature_pairs,
     temperature_summary,
 )
+from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import existing_file, parser_errors, run_cli
 
 PANELS = (('same stream vs opposite stream', ('q+: same vs opp', 'q-: same vs opp'),
@@ -48,6 +49,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Scatter the learned PolaFormer++ temperatures')
     parser.add_argument('config', help='config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--allow-partial', action='store_true', help=ALLOW_PARTIAL_HELP)
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP)
     parser.add_argument('--out-dir', default='work_dirs/vis_temperatures', help='where the PNG/JSON go')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
     args = parser.parse_args(argv)
@@ -104,7 +107,8 @@ def plot(layers, path, title):
 
 def main(argv=None):
     args = parse_args(argv)
-    model = load_model(args.config, args.checkpoint, args.cfg_options)
+    model = load_model(args.config, args.checkpoint, args.cfg_options, 'cpu',
+                       allow_partial=args.allow_partial, unsafe_load=args.unsafe_load)
     modules = pola_attention_modules(model)
     if not modules:
         raise ValueError(f'{args.config} builds no PolaFormer++ linear attention layer')
@@ -126,4 +130,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_cli(main)
+    exit_on_checkpoint_error(lambda argv: run_cli(main, argv))

@@ -33,11 +33,15 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 from mmengine.registry import MODELS, init_default_scope
-from mmengine.runner import load_checkpoint
 from mmengine.utils import import_modules_from_strings
 from PIL import Image
 
-from polaformerpp.utils import allow_trusted_checkpoint_loading
+from polaformerpp.utils.checkpoint import (
+    ALLOW_PARTIAL_HELP,
+    UNSAFE_LOAD_HELP,
+    exit_on_checkpoint_error,
+    load_model_weights,
+)
 from polaformerpp.utils.cli import (
     ArgumentCheckError,
     MissingPathError,
@@ -54,6 +58,8 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file of the model')
     parser.add_argument('checkpoint', help='checkpoint (its state_dict holds the EMA weights '
                         'when trained with the EMA hook)')
+    parser.add_argument('--allow-partial', action='store_true', help=ALLOW_PARTIAL_HELP)
+    parser.add_argument('--unsafe-load', action='store_true', help=UNSAFE_LOAD_HELP)
     parser.add_argument('--out-dir', required=True, help='folder for the .npz and the PNG grids')
     parser.add_argument('--num-samples', type=positive_int, default=None,
                         help='number of samples (default: number of --labels, else 64)')
@@ -121,9 +127,14 @@ def setup_distributed(launcher: str):
     return rank, world, torch.device('cpu')
 
 
-def build_model(config: str, checkpoint: str, cfg_options=None, device='cpu'):
-    """Build ``cfg.model`` (an :class:`~polaformerpp.generation.DiTDiffusion`) and load weights."""
-    allow_trusted_checkpoint_loading()
+def build_model(config: str, checkpoint: str, cfg_options=None, device='cpu', allow_partial=False,
+                unsafe_load=False):
+    """Build ``cfg.model`` (an :class:`~polaformerpp.generation.DiTDiffusion`) and load weights.
+
+    The checkpoint loads safely (``unsafe_load``: full unpickling of a trusted
+    file) and strictly (``allow_partial``: proceed with unfilled tensors);
+    see :func:`polaformerpp.utils.load_model_weights`.
+    """
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -135,7 +146,7 @@ def build_model(config: str, checkpoint: str, cfg_options=None, device='cpu'):
     if not hasattr(model, 'sample'):
         raise TypeError(f'{config}: model {type(model).__name__} has no sample() method '
                         f'(expected a DiTDiffusion config)')
-    load_checkpoint(model, checkpoint, map_location='cpu', strict=True, logger='silent')
+    load_model_weights(model, checkpoint, allow_partial=allow_partial, unsafe=True if unsafe_load else None)
     return model.to(device).eval()
 
 
@@ -164,7 +175,7 @@ def main(argv=None):
         device = torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu'))
     from polaformerpp.generation import make_grid, sample_generators
 
-    model = build_model(args.config, args.checkpoint, args.cfg_options, device)
+    model = build_model(args.config, args.checkpoint, args.cfg_options, device, args.allow_partial, args.unsafe_load)
     labels = resolve_labels(args, model.dit.num_classes)
     my_indices = np.arange(rank, args.num_samples, world)
     chunks = []
@@ -217,4 +228,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_cli(main)
+    exit_on_checkpoint_error(lambda argv: run_cli(main, argv))

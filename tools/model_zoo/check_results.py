@@ -48,6 +48,7 @@ import sys
 
 import yaml
 
+from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP
 from polaformerpp.utils.cli import (
     ArgumentCheckError,
     MissingPathError,
@@ -88,6 +89,10 @@ def parse_args(argv=None):
                         help='> 1: tools/dist_test.sh with this many GPUs')
     parser.add_argument('--cfg-options', nargs='+', default=[],
                         help='passed to every tools/test.py run, e.g. test_dataloader.batch_size=64')
+    parser.add_argument('--unsafe-load', action='store_true',
+                        help='passed on to tools/test.py: ' + UNSAFE_LOAD_HELP)
+    parser.add_argument('--allow-partial', action='store_true',
+                        help='passed on to tools/test.py: ' + ALLOW_PARTIAL_HELP)
     parser.add_argument('--dry-run', action='store_true',
                         help='print the commands and the table, run nothing')
     parser.add_argument('--out', help='also write the table to this .md or .json file')
@@ -179,9 +184,10 @@ def entries_from_list(path, models):
 
 
 # --------------------------------------------------------------------------- running
-def build_test_command(entry, work_dir, gpus, cfg_options):
+def build_test_command(entry, work_dir, gpus, cfg_options, unsafe_load=False, allow_partial=False):
     out_json = osp.join(work_dir, 'metrics.json')
     options = ['--work-dir', work_dir, '--out-json', out_json]
+    options += ['--unsafe-load'] * bool(unsafe_load) + ['--allow-partial'] * bool(allow_partial)
     overrides = [*cfg_options, *entry['cfg_options']]
     if overrides:
         options += ['--cfg-options', *overrides]
@@ -191,16 +197,32 @@ def build_test_command(entry, work_dir, gpus, cfg_options):
     return [sys.executable, osp.join(REPO_ROOT, 'tools', 'test.py'), config, checkpoint, *options]
 
 
-def run_test(entry, work_dir, gpus, cfg_options):
-    """Run the evaluation; returns ``(metrics dict or None, status)``."""
+def refusal_in_log(log):
+    """tools/test.py's refusal of a checkpoint (unsafe to unpickle, or not fitting the model) in ``log``."""
+    with open(log, errors='replace') as f:
+        for line in f:
+            if 'error: refusing to load checkpoint' in line or ('error: checkpoint' in line
+                                                                  and 'does not fit the model' in line):
+                return line.split('error: ', 1)[1].strip()
+    return None
+
+
+def run_test(entry, work_dir, gpus, cfg_options, unsafe_load=False, allow_partial=False):
+    """Run the evaluation; returns ``(metrics dict or None, status)``.
+
+    A checkpoint tools/test.py refuses gets the status ``refused: <its message>``.
+    """
     os.makedirs(work_dir, exist_ok=True)
-    cmd = build_test_command(entry, work_dir, gpus, cfg_options)
+    cmd = build_test_command(entry, work_dir, gpus, cfg_options, unsafe_load, allow_partial)
     env = dict(os.environ, PYTHON=sys.executable)
     log = osp.join(work_dir, 'test.log')
     with open(log, 'w') as f:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     metrics_file = cmd[cmd.index('--out-json') + 1]
     if proc.returncode != 0 or not osp.isfile(metrics_file):
+        refusal = refusal_in_log(log)
+        if refusal:
+            return None, f'refused: {refusal}'
         return None, f'failed (exit {proc.returncode}, see {log})'
     with open(metrics_file) as f:
         return json.load(f), 'ok'
@@ -308,13 +330,15 @@ def main(argv=None):
             elif not osp.isfile(entry['checkpoint']):
                 metrics, status = None, f"checkpoint not found: {entry['checkpoint']}"
             elif args.dry_run:
-                print(' '.join(build_test_command(entry, work_dir, args.gpus, args.cfg_options)))
+                print(' '.join(build_test_command(entry, work_dir, args.gpus, args.cfg_options, args.unsafe_load,
+                                                  args.allow_partial)))
                 metrics, status = None, 'dry run'
             else:
                 if not show:
                     print(f"[{i}/{len(entries)}] {entry['name']}: evaluating {entry['checkpoint']}",
                           file=sys.stderr, flush=True)
-                metrics, status = run_test(entry, work_dir, args.gpus, args.cfg_options)
+                metrics, status = run_test(entry, work_dir, args.gpus, args.cfg_options, args.unsafe_load,
+                                           args.allow_partial)
                 bar.update()
             rows += table_rows(entry, metrics, status)
 
@@ -331,4 +355,6 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_cli(main)
+    # a refused checkpoint (unsafe, or not fitting its config) fails the whole check
+    if any(str(row.get('status', '')).startswith('refused') for row in run_cli(main)):
+        sys.exit(1)
