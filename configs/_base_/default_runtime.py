@@ -1,6 +1,8 @@
 # Runtime shared by every classification config (mmpretrain scope).
 default_scope = 'mmpretrain'
-custom_imports = dict(imports=['polaformerpp'], allow_failed_imports=False)
+custom_imports = dict(imports=['polaformerpp', 'polaformerpp.engine'], allow_failed_imports=False)
+# exact resumption (RNG states, mid-epoch position), atomic checkpoints, resume on torchrun restarts
+runner_type = 'PolaRunner'
 
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),

@@ -10,6 +10,9 @@
 #   data/inception/inception_v3_fid.pth   Inception-v3 (TorchScript or torchvision state dict), test only
 default_scope = 'mmengine'
 custom_imports = dict(imports=['polaformerpp.generation'], allow_failed_imports=False)
+# exact resumption (RNG states, position in the data), atomic checkpoints, resume on
+# torchrun restarts; the dotted name imports polaformerpp.engine when the runner is built
+runner_type = 'polaformerpp.engine.PolaRunner'
 
 image_size = 256
 num_classes = 1000

@@ -4,6 +4,9 @@
 _base_ = 'mmdet::_base_/default_runtime.py'
 
 custom_imports = dict(
-    imports=['polaformerpp', 'polaformerpp.datasets.coco_checks'], allow_failed_imports=False)
+    imports=['polaformerpp', 'polaformerpp.datasets.coco_checks', 'polaformerpp.engine'],
+    allow_failed_imports=False)
+# exact resumption (RNG states, mid-epoch position), atomic checkpoints, resume on torchrun restarts
+runner_type = 'PolaRunner'
 
 default_hooks = dict(checkpoint=dict(max_keep_ckpts=3))

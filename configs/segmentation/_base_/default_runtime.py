@@ -6,4 +6,7 @@
 _base_ = 'mmseg::_base_/default_runtime.py'
 
 custom_imports = dict(
-    imports=['polaformerpp', 'polaformerpp.datasets.seg_checks'], allow_failed_imports=False)
+    imports=['polaformerpp', 'polaformerpp.datasets.seg_checks', 'polaformerpp.engine'],
+    allow_failed_imports=False)
+# exact resumption (RNG states, position in the data), atomic checkpoints, resume on torchrun restarts
+runner_type = 'PolaRunner'

@@ -3,6 +3,9 @@
 # test sets). Pure mmengine: no OpenMMLab library scope is needed.
 default_scope = None
 custom_imports = dict(imports=['polaformerpp.restoration'], allow_failed_imports=False)
+# exact resumption (RNG states, position in the data), atomic checkpoints, resume on
+# torchrun restarts; the dotted name imports polaformerpp.engine when the runner is built
+runner_type = 'polaformerpp.engine.PolaRunner'
 
 # ---------------------------------------------------------------- model
 model = dict(

@@ -1,0 +1,184 @@
+"""``PolaRunner``: mmengine's Runner with exact resumption, atomic checkpoints and restarts.
+
+Select it in a config with ``runner_type = 'PolaRunner'`` (and
+``'polaformerpp.engine'`` in ``custom_imports``). Compared with
+``mmengine.runner.Runner``:
+
+* the train loop is :class:`~polaformerpp.engine.loops.ResumableEpochBasedTrainLoop`
+  / :class:`~polaformerpp.engine.loops.ResumableIterBasedTrainLoop` in place of
+  mmengine's two loops, and the ``checkpoint`` default hook is
+  :class:`~polaformerpp.engine.hooks.AtomicCheckpointHook` in place of
+  ``CheckpointHook``: a resumed run continues from the exact batch and random
+  state of its checkpoint (bit-identical to an uninterrupted run when the run
+  itself is deterministic);
+* checkpoints are written to a temporary file in the same folder and renamed;
+* ``resume=True`` without a path (``tools/train.py --resume``) takes the
+  newest checkpoint of the work dir that reads back whole: a truncated or
+  unreadable one is skipped with a warning naming it;
+* after a torchrun elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the run
+  resumes from the work dir's latest checkpoint as if ``--resume`` had been
+  given (when there is one; otherwise it starts as configured).
+"""
+import copy
+import logging
+import os
+import os.path as osp
+from typing import Optional
+
+from mmengine.dist import is_main_process, master_only
+from mmengine.fileio import LocalBackend, get_file_backend
+from mmengine.hooks import CheckpointHook
+from mmengine.registry import RUNNERS
+from mmengine.runner import BaseLoop, EpochBasedTrainLoop, IterBasedTrainLoop, Runner
+
+from .checkpoint_files import (
+    commit_temporary,
+    discard,
+    find_resumable_checkpoint,
+    remove_stale_temporaries,
+    resume_candidates,
+    temporary_path,
+)
+from .hooks import AtomicCheckpointHook
+from .loops import ResumableEpochBasedTrainLoop, ResumableIterBasedTrainLoop
+
+_LOOP_SWAPS = (
+    (('EpochBasedTrainLoop', 'mmengine.EpochBasedTrainLoop', EpochBasedTrainLoop),
+     ResumableEpochBasedTrainLoop),
+    (('IterBasedTrainLoop', 'mmengine.IterBasedTrainLoop', IterBasedTrainLoop),
+     ResumableIterBasedTrainLoop),
+)
+_CHECKPOINT_HOOK_TYPES = ('CheckpointHook', 'mmengine.CheckpointHook', CheckpointHook)
+
+
+def elastic_restart_count(environ=None) -> int:
+    """How many times torchrun has restarted this job's workers (0 outside torchrun).
+
+    Raises:
+        ValueError: ``TORCHELASTIC_RESTART_COUNT`` is set but is not an integer.
+    """
+    value = (os.environ if environ is None else environ).get('TORCHELASTIC_RESTART_COUNT', '')
+    if not value.strip():
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f'TORCHELASTIC_RESTART_COUNT: expected an integer, got {value!r}') from None
+
+
+def resume_on_restart(resume: bool, work_dir: str, environ=None) -> bool:
+    """The restart rule: whether a run must auto-resume from ``work_dir`` although not asked to.
+
+    True after a torchrun restart when ``work_dir`` holds a checkpoint and
+    ``resume`` is not set already.
+    """
+    if resume or elastic_restart_count(environ) == 0:
+        return False
+    return bool(resume_candidates(work_dir))
+
+
+@RUNNERS.register_module()
+class PolaRunner(Runner):
+    """mmengine Runner with exact resumption, atomic checkpoints and elastic restarts (see module)."""
+
+    _last_loaded_meta: Optional[dict] = None
+
+    # ------------------------------------------------------------ building
+    def register_hooks(self, default_hooks=None, custom_hooks=None) -> None:
+        """Register the hooks with ``checkpoint`` turned into an :class:`AtomicCheckpointHook`."""
+        hooks = dict(default_hooks or {})
+        checkpoint = hooks.get('checkpoint', dict(type='CheckpointHook', interval=1))
+        if isinstance(checkpoint, dict) and checkpoint.get('type', 'CheckpointHook') in _CHECKPOINT_HOOK_TYPES:
+            checkpoint = dict(checkpoint, type=AtomicCheckpointHook)
+        hooks['checkpoint'] = checkpoint
+        super().register_hooks(hooks, custom_hooks)
+
+    def build_train_loop(self, loop):
+        """Build the train loop, with mmengine's two loops replaced by the resumable ones."""
+        if isinstance(loop, dict):
+            loop = copy.deepcopy(loop)
+            if 'type' not in loop and 'by_epoch' in loop:
+                loop['type'] = 'EpochBasedTrainLoop' if loop.pop('by_epoch') else 'IterBasedTrainLoop'
+            for names, resumable in _LOOP_SWAPS:
+                if loop.get('type') in names:
+                    loop['type'] = resumable
+        return super().build_train_loop(loop)
+
+    # ------------------------------------------------------------ saving
+    @master_only
+    def save_checkpoint(self, out_dir, filename, file_client_args=None, save_optimizer=True,
+                        save_param_scheduler=True, meta=None, by_epoch=True, backend_args=None):
+        """mmengine's ``save_checkpoint``, written atomically on a local disk.
+
+        The file is written as ``.<filename>.tmp-<pid>`` next to its final name
+        and renamed over it once complete; on an error the temporary file is
+        removed and any previous file of that name is left as it was.
+        """
+        local = file_client_args is None and isinstance(
+            get_file_backend(out_dir, backend_args=backend_args), LocalBackend)
+        if not local:
+            return super().save_checkpoint(out_dir, filename, file_client_args, save_optimizer,
+                                           save_param_scheduler, meta, by_epoch, backend_args)
+        final = osp.join(out_dir, filename)
+        tmp = temporary_path(final)
+        try:
+            super().save_checkpoint(out_dir, osp.relpath(tmp, out_dir), None, save_optimizer,
+                                    save_param_scheduler, meta, by_epoch, backend_args)
+            commit_temporary(tmp, final)
+        except BaseException:
+            discard(tmp)
+            raise
+
+    # ------------------------------------------------------------ loading
+    def load_checkpoint(self, filename, map_location='cpu', strict=False,
+                        revise_keys=[(r'^module.', '')]):  # noqa: B006 (mmengine's signature)
+        """mmengine's ``load_checkpoint``; remembers the checkpoint's meta for :meth:`resume`."""
+        checkpoint = super().load_checkpoint(filename, map_location=map_location, strict=strict,
+                                             revise_keys=revise_keys)
+        self._last_loaded_meta = checkpoint.get('meta', {}) if isinstance(checkpoint, dict) else {}
+        return checkpoint
+
+    def resume(self, filename, resume_optimizer=True, resume_param_scheduler=True,
+               map_location='default') -> None:
+        """mmengine's ``resume`` plus the loop position and random states of the checkpoint."""
+        self._last_loaded_meta = None
+        super().resume(filename, resume_optimizer, resume_param_scheduler, map_location)
+        state = (self._last_loaded_meta or {}).get('resume_state')
+        loop = self.train_loop
+        if hasattr(loop, 'load_resume_state'):
+            loop.load_resume_state(state, filename)
+            self.logger.info(f'exact resume from {filename}: position '
+                             f'{None if state is None else state["position"]}')
+
+    def load_or_resume(self) -> None:
+        """Resume (with fallback past unreadable checkpoints and after restarts) or load weights.
+
+        The fallback and the restart rule apply to training; ``val()`` / ``test()``
+        load as mmengine does.
+        """
+        if self._has_loaded:
+            return None
+        if not isinstance(self._train_loop, BaseLoop):  # val() / test(): load_from only
+            return super().load_or_resume()
+        restarts = elastic_restart_count()
+        if resume_on_restart(self._resume, self.work_dir):
+            self.logger.info(f'torchrun restart {restarts}: resuming from the latest checkpoint '
+                             f'of {self.work_dir} (as with --resume)')
+            self._resume, self._load_from = True, None
+        elif restarts and self._resume and self._load_from is not None and resume_candidates(self.work_dir):
+            self.logger.info(f'torchrun restart {restarts}: resuming from the latest checkpoint '
+                             f'of {self.work_dir} instead of {self._load_from}')
+            self._load_from = None
+        if not (self._resume and self._load_from is None):
+            return super().load_or_resume()
+        if is_main_process():
+            for path in remove_stale_temporaries(self.work_dir):
+                self.logger.info(f'removed {path}, left by an interrupted checkpoint write')
+        path, _ = find_resumable_checkpoint(self.work_dir)
+        if path is None:
+            self.logger.log(logging.WARNING, f'resume: no checkpoint in {self.work_dir} yet; '
+                            'training from the start')
+            return None
+        self.logger.info(f'Auto resumed from the latest checkpoint {path}.')
+        self.resume(path)
+        self._has_loaded = True
