@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# Distributed training over torchrun.
+# Distributed training over torchrun, with restarts after a lost worker.
 #   bash tools/dist_train.sh CONFIG GPUS [train.py args...]
-# Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT. On a machine without CUDA the
-# processes use the gloo backend (CPU), which is how the tests run it. PYTHON picks the
-# interpreter of the environment that has the package installed (default: python).
+# Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT (the same MASTER_ADDR and PORT on every
+# node). On a machine without CUDA the processes use the gloo backend (CPU), which is how
+# the tests run it. PYTHON picks the interpreter of the environment that has the package
+# installed (default: python).
+#
+# Restarts: if a worker dies (killed, out of memory, a lost node), torchrun stops the
+# others and starts the whole group again, up to MAX_RESTARTS times (default 3). The
+# restarted workers see TORCHELASTIC_RESTART_COUNT > 0, and the project's runner
+# (runner_type='PolaRunner' in the shipped configs) then resumes from the latest
+# checkpoint of the work dir, as `--resume` would. A job that fails for good (a bad config,
+# say) fails MAX_RESTARTS + 1 times before torchrun gives up.
+#   MAX_RESTARTS > 0: torchrun's c10d rendezvous, hosted at MASTER_ADDR:PORT by the node
+#     whose address that is; node ranks are given in the order the nodes join (NODE_RANK is
+#     not used) and every attempt gets a fresh store for the process group
+#     (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), so a restarted group never reads the addresses
+#     of the dead one. RDZV_ID names the job (default polaformerpp); two jobs that share
+#     MASTER_ADDR:PORT need different ones (or different ports).
+#   MAX_RESTARTS=0: no restarts; the static rendezvous with NODE_RANK, as plain torchrun.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 CONFIG GPUS [train.py args...]" >&2
@@ -15,13 +30,26 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
+RDZV_ID=${RDZV_ID:-polaformerpp}
 PYTHON=${PYTHON:-python}
 TOOLS=$(cd "$(dirname "$0")" && pwd)
 
+if ! [[ $MAX_RESTARTS =~ ^[0-9]+$ ]]; then
+    echo "$0: MAX_RESTARTS must be a whole number (restarts after a lost worker), got '$MAX_RESTARTS'" >&2
+    exit 2
+fi
+
+if [[ $MAX_RESTARTS -gt 0 ]]; then
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    RENDEZVOUS=(--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$PORT" --rdzv-id="$RDZV_ID")
+else
+    RENDEZVOUS=(--node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR" --master_port="$PORT")
+fi
+
 "$PYTHON" -m torch.distributed.run \
     --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
     --nproc_per_node="$GPUS" \
-    --master_port="$PORT" \
+    --max-restarts="$MAX_RESTARTS" \
+    "${RENDEZVOUS[@]}" \
     "$TOOLS/train.py" "$CONFIG" --launcher pytorch "${@:3}"
