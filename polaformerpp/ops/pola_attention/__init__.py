@@ -24,6 +24,11 @@ formed. The same output written through those ``N x N`` weights,
 ``W_s[i, j] = <R phi_s[i], R phi_k[j]> / (N (phi_s[i] m + eps))``, is the
 quadratic form of :mod:`.naive`.
 
+The output is unchanged when the key features are scaled per channel (pairs
+alike) and each query's by a compensating factor, ``eps`` with it: every
+backend uses this to factor the exponents' maxima out where the inputs need it,
+so finite inputs give finite outputs and gradients (:mod:`.common`).
+
 Modules
 -------
 * :mod:`.naive` - the readable reference (quadratic and linear form, feature

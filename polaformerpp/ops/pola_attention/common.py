@@ -2,6 +2,34 @@
 
 The method itself is written out once, in the package docstring
 (:mod:`polaformerpp.ops.pola_attention`).
+
+Exponent shifts
+---------------
+``exp(x) - 1`` overflows float32 at ``x ~ 88.7``, and products of a query's
+and a key's features much earlier. The output is unchanged when each key
+feature channel ``c`` is scaled by ``exp(-L_c)`` (the same ``L`` for both
+channels of a RoPE pair) and each query's channel ``c`` of one stream by
+``exp(L_c - c_q)``, with ``eps`` carried as ``eps * exp(-c_q)``: numerator and
+denominator both scale by ``exp(-c_q)``. Where the inputs need it the backends
+use
+
+* key shifts ``b = relu(max_n [k+, k-]_n - 20)`` per ``(B, h)`` and channel
+  (pairs share the larger value): shifted key features ``exp(x - b) -
+  exp(-b)`` stay below ``exp(20)`` (:func:`key_exponent_shifts`);
+* the larger shifted mean ``r`` of each pair: the state and the key mean are
+  divided by it, so ``m'' <= 1`` and the queries carry the keys' scale
+  ``L = b + log r`` (:func:`key_normalisation`);
+* per token and stream ``c_q = max(relu(max_c(x_c + L_c + log m''_c) - 40),
+  max_c(x_c + L_c) - 80)`` over the query exponents ``x``: the denominator's
+  largest term stays near ``exp(40)`` at most and every query feature
+  ``exp(x + L - c_q) - exp(L - c_q)`` below ``exp(80)``
+  (:func:`query_exponent_shifts`).
+
+Exact zeros stay exact zeros. Inputs whose exponents stay in the shift-free
+range (every key exponent <= 20, query plus key exponent <= 40:
+:func:`needs_exponent_shift`) take the unshifted arithmetic, unchanged;
+under tracing the shifted path (the same values in that range, to rounding)
+always runs.
 """
 from typing import List, Optional, Tuple, Union
 
@@ -13,7 +41,9 @@ from ..rope import RopeGrid, RopeHalves, rope_halves
 __all__ = [
     'Rope', 'FUSED_DTYPES', 'compute_dtype', 'is_tracing', 'chunk_tokens', 'token_chunks',
     'signed_temperatures', 'check_temperatures', 'check_rope', 'rope_pair_error', 'check_rope_pairs',
-    'as_rope_halves', 'rope_tensors'
+    'as_rope_halves', 'rope_tensors', 'SHIFT_FREE_KEY_EXPONENT', 'SHIFT_FREE_PRODUCT_EXPONENT', 'MAX_QUERY_EXPONENT',
+    'needs_exponent_shift', 'key_exponent_shifts', 'key_normalisation', 'query_exponent_shifts', 'signed_rows',
+    'shifted_eps'
 ]
 
 #: the RoPE forms the op accepts: none, a token grid by its size, or ``(sin, cos)`` tables ``(N, 2d)``
@@ -61,6 +91,111 @@ def signed_temperatures(temp_same: Tensor, temp_opp: Tensor) -> Tensor:
     """
     d = temp_same.shape[-1] // 2
     return torch.stack([temp_same[:, :d], -temp_same[:, d:], -temp_opp[:, :d], temp_opp[:, d:]], dim=1)
+
+
+#: key exponents up to this are used unshifted (``exp(20) ~ 4.9e8``)
+SHIFT_FREE_KEY_EXPONENT = 20.0
+#: a query exponent plus ``log`` of the key mean up to this is used unshifted (``exp(40) ~ 2.4e17``)
+SHIFT_FREE_PRODUCT_EXPONENT = 40.0
+#: shifted query features stay below ``exp(80)`` (fp32 holds ``exp(88.7)``)
+MAX_QUERY_EXPONENT = 80.0
+
+
+def needs_exponent_shift(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor) -> bool:
+    """Whether any exponent of these inputs may leave the shift-free range (one sync; ``True`` under tracing).
+
+    Bound: the key mean is below ``exp(max |k|)``, the query exponents below
+    ``max |q| * max t``. ``False`` guarantees ``b = c_q = 0`` everywhere.
+    NaN/inf inputs take the unshifted path (they propagate there as before).
+
+    Args:
+        q, k: ``(B, h, N, d)``; temp_same, temp_opp: ``(h, 2d)``.
+    """
+    if is_tracing():
+        return True
+    with torch.no_grad():
+        key_top = k.detach().abs().amax().float()
+        query_top = q.detach().abs().amax().float() * torch.maximum(temp_same.detach().amax(),
+                                                                     temp_opp.detach().amax()).float()
+        return bool((key_top > SHIFT_FREE_KEY_EXPONENT) | (key_top + query_top > SHIFT_FREE_PRODUCT_EXPONENT))
+
+
+def key_exponent_shifts(k: Tensor) -> Tensor:
+    """Key shifts ``b = relu(max_n [k+, k-] - 20)``, both channels of a pair sharing the larger one.
+
+    Args:
+        k: ``(B, h, N, d)`` (read without autograd: the shifts are constants).
+
+    Returns:
+        Tensor: ``(B, h, 2d)`` in ``k``'s dtype, channels ``[k+ | k-]`` as the key features.
+    """
+    k = k.detach()
+    top = torch.cat([k.amax(dim=-2).clamp_min(0), k.amin(dim=-2).neg().clamp_min(0)], dim=-1)
+    top = top.unflatten(-1, (-1, 2)).amax(dim=-1, keepdim=True)
+    return (top - SHIFT_FREE_KEY_EXPONENT).clamp_min(0).expand(*top.shape[:-1], 2).flatten(-2)
+
+
+def key_normalisation(key_shifts: Tensor, key_mean: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-channel divisors that bring the shifted key mean to at most 1 (pairs share one divisor).
+
+    ``r`` is the larger shifted mean ``m'`` of each channel pair: the state and
+    the key mean are divided by ``r`` (channels with ``r == 0`` have no active
+    key: divide by 1, they stay zero) and the queries multiplied by ``exp(b +
+    log r)``, so the queries carry the whole scale of the keys and ``m'' <= 1``.
+
+    Args:
+        key_shifts: ``(B, h, 2d)`` from :func:`key_exponent_shifts`.
+        key_mean: ``(B, h, 2d)``, the mean of the shifted key features ``m'``.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``key_divisor`` ``(B, h, 2d)`` (``r``, or 1) and
+        ``log_scale`` ``(B, h, 2d)`` (``b + log r``, ``-inf`` where ``r == 0``), no autograd history.
+    """
+    pair_top = key_mean.detach().unflatten(-1, (-1, 2)).amax(dim=-1, keepdim=True)
+    pair_top = pair_top.expand(*pair_top.shape[:-1], 2).flatten(-2)  # (B, h, 2d)
+    key_divisor = torch.where(pair_top > 0, pair_top, torch.ones_like(pair_top))
+    return key_divisor, key_shifts.detach() + pair_top.log()
+
+
+def query_exponent_shifts(exponents: Tensor, log_rows: Tensor, log_mean_rows: Tensor) -> Tensor:
+    """Query shifts ``c_q`` per token and stream (see the module docstring).
+
+    ``c_q = max(relu(max_c(relu(x_c) + L_c + log m''_c) - 40), max_c(relu(x_c) + L_c) - 80)``: every
+    term of the denominator stays below ``exp(40)`` (the largest one near it)
+    and every shifted query feature below ``exp(80)``.
+
+    Args:
+        exponents: ``(B, h, n, 4, d)``, ``q`` times the signed temperature rows.
+        log_rows: ``(B, h, 4, d)``, the queries' log scale ``L`` per row (:func:`signed_rows`).
+        log_mean_rows: ``(B, h, 4, d)``, ``log m''`` per row (``-inf`` where ``m''`` is 0).
+
+    Returns:
+        Tensor: ``(B, h, n, 2)`` (same, opposite stream), no autograd history.
+    """
+    scaled = exponents.detach().clamp_min(0) + log_rows[:, :, None]
+    top_term = (scaled + log_mean_rows[:, :, None]).unflatten(-2, (2, 2)).amax(dim=(-2, -1))
+    top_feature = scaled.unflatten(-2, (2, 2)).amax(dim=(-2, -1))
+    return torch.maximum((top_term - SHIFT_FREE_PRODUCT_EXPONENT).clamp_min(0),
+                         top_feature - MAX_QUERY_EXPONENT)
+
+
+def signed_rows(channels: Tensor) -> Tensor:
+    """Key-channel values ``(B, h, 2d)`` laid out like the signed temperature rows: ``(B, h, 4, d)``.
+
+    Rows 0-1 (same stream) and 2-3 (opposite stream) read key channels
+    ``[0, d)`` and ``[d, 2d)`` (:func:`signed_temperatures`).
+    """
+    return channels.unflatten(-1, (2, -1)).repeat(1, 1, 2, 1)
+
+
+def shifted_eps(eps: float, query_shifts: Tensor) -> Tensor:
+    """``eps * exp(-c_q)``, kept at least the dtype's smallest normal number when ``eps > 0``.
+
+    The floor only matters once ``eps * exp(-c_q)`` underflows (``c_q`` beyond
+    ~70 in fp32); it keeps an all-zero query's output exactly zero (``0 / eps'``).
+    """
+    shifted = eps * torch.exp(-query_shifts)
+    return shifted.clamp_min(torch.finfo(query_shifts.dtype).tiny) if eps > 0 else shifted
 
 
 def check_temperatures(temp_same: Tensor, temp_opp: Tensor) -> None:

@@ -22,7 +22,11 @@ from .common import (
     as_rope_halves,
     check_temperatures,
     chunk_tokens,
+    key_exponent_shifts,
+    key_normalisation,
+    needs_exponent_shift,
     rope_pair_error,
+    signed_rows,
     signed_temperatures,
     token_chunks,
 )
@@ -77,11 +81,14 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     check_temperatures(temp_same, temp_opp)
     rope_rows = _rope_for_kernels(as_rope_halves(rope, head_dim))
     chunks = token_chunks(num_tokens, chunk_size)
+    # exponent shifts (see .common) only where some exponent may leave the shift-free range
+    key_shifts = key_exponent_shifts(k).contiguous() if needs_exponent_shift(q, k, temp_same, temp_opp) else None
 
     # pass 1: keys -> state S (B, h, 2d, dv) and mean feature m (B, h, 2d)
     state = key_sum = None
     for start, stop in chunks:
-        features, feature_sum, paired = _kernels.key_features(k[..., start:stop, :], *rope_rows(start, stop))
+        features, feature_sum, paired = _kernels.key_features(k[..., start:stop, :], *rope_rows(start, stop),
+                                                              key_shifts)
         if not paired:
             raise rope_pair_error('rope (sin, cos)')
         chunk_state = features.transpose(-1, -2) @ v[..., start:stop, :]
@@ -89,6 +96,12 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
         key_sum = feature_sum if key_sum is None else key_sum.add_(feature_sum)
     state.div_(num_tokens)
     key_mean = key_sum.div_(num_tokens).contiguous()
+    log_rows = log_mean_rows = None
+    if key_shifts is not None:  # the queries take the keys' scale: m'' <= 1
+        key_divisor, log_scale = key_normalisation(key_shifts, key_mean)
+        state.div_(key_divisor[..., None])
+        key_mean.div_(key_divisor)
+        log_rows, log_mean_rows = signed_rows(log_scale).contiguous(), signed_rows(key_mean.log()).contiguous()
     state_same, state_opp = state[..., :half], state[..., half:]
 
     # pass 2: queries -> both streams, written into the output
@@ -97,7 +110,7 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     for start, stop in chunks:
         # rows already divided by their denominators: the products are the outputs
         features = _kernels.query_features(q[..., start:stop, :], signed_temps, key_mean,
-                                           *rope_rows(start, stop), float(eps))
+                                           *rope_rows(start, stop), float(eps), log_rows, log_mean_rows)
         target = out[..., start:stop, :]
         torch.matmul(features[..., 0, :], state_same, out=target[..., :half])
         torch.matmul(features[..., 1, :], state_opp, out=target[..., half:])

@@ -4,7 +4,7 @@ Differentiable (autograd through plain torch ops), any floating dtype, and
 what torch.compile, torch.jit.trace and the FLOP counter see. The method is
 written out in the package docstring.
 """
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +19,20 @@ from .common import (
     chunk_tokens,
     compute_dtype,
     is_tracing,
+    key_exponent_shifts,
+    key_normalisation,
+    needs_exponent_shift,
+    query_exponent_shifts,
+    shifted_eps,
+    signed_rows,
     signed_temperatures,
     token_chunks,
 )
 
 __all__ = ['pola_attention_torch']
+
+#: ``(cos, sin)`` of the channel pairs of a chunk's tokens, each ``(n, d)``
+Rotation = Tuple[Tensor, Tensor]
 
 
 def _spiky(x: Tensor) -> Tensor:
@@ -53,43 +62,87 @@ def _query_features(q: Tensor, signed_temps: Tensor) -> Tensor:
     return _spiky(x).flatten(-2).unflatten(-1, (2, -1))
 
 
-def _pair_rotations(sin: Tensor, cos: Tensor, dtype: torch.dtype) -> Tensor:
-    """``(rows, c)`` tables -> unit complex numbers ``(rows, c/2)``, one per channel pair."""
-    return torch.complex(cos[:, 0::2].to(dtype), sin[:, 0::2].to(dtype))
+def _shifted_key_features(k: Tensor, key_shifts: Tensor) -> Tensor:
+    """Shifted key maps ``exp(x - b) - exp(-b)`` over ``x = relu([k, -k])``: ``(B, h, n, d) -> (B, h, n, 2d)``.
+
+    ``key_shifts``: ``(B, h, 2d)`` (:func:`~.common.key_exponent_shifts`).
+    Written ``exp(x - b) * (1 - exp(-x))`` (``-expm1(-x)``): no cancellation
+    for small ``x``, exactly zero on the inactive polarity.
+    """
+    shifts = key_shifts.unflatten(-1, (2, -1))[:, :, None]  # (B, h, 1, 2, d)
+    x = F.relu(torch.stack([k, -k], dim=-2))  # (B, h, n, 2, d)
+    return (torch.exp(x - shifts) * -torch.expm1(-x)).flatten(-2)
 
 
-def _rotation_source(rope: Optional[RopeHalves], dtype: torch.dtype,
-                     device: torch.device) -> Optional[Callable[[int, int], Tensor]]:
-    """``rotation(start, stop)``: the complex rotations ``(stop - start, d)`` of those tokens.
+def _shifted_query_features(exponents: Tensor, log_rows: Tensor, query_shifts: Tensor) -> Tensor:
+    """Shifted query maps ``exp(x + L - c) - exp(L - c)`` of both streams: ``(B, h, n, 2, 2d)``.
 
-    A grid's row and column rotations (``(H, d/2)``, ``(W, d/2)``) are built
-    once and gathered per chunk; ``(N, d)`` table halves are read chunk by chunk.
+    Written ``exp(x + L - c) * (1 - exp(-x))`` over ``x = relu(exponents)``
+    (no cancellation for small ``x``; exactly zero on the inactive polarity).
+
+    Args:
+        exponents: ``(B, h, n, 4, d)``, ``q`` times the signed temperature rows.
+        log_rows: ``(B, h, 4, d)``, the keys' log scale ``L`` per row (:func:`~.common.key_normalisation`).
+        query_shifts: ``(B, h, n, 2)`` (:func:`~.common.query_exponent_shifts`).
+    """
+    offsets = log_rows[:, :, None] - query_shifts.repeat_interleave(2, dim=-1)[..., None]  # (B, h, n, 4, d)
+    x = F.relu(exponents)
+    return (torch.exp(x + offsets) * -torch.expm1(-x)).flatten(-2).unflatten(-1, (2, -1))
+
+
+def _pair_angles(sin: Tensor, cos: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """``(rows, c)`` tables -> ``(cos, sin)`` ``(rows, c/2)``, one angle per channel pair."""
+    return cos[:, 0::2].to(dtype), sin[:, 0::2].to(dtype)
+
+
+def _rotation_source(rope: Optional[RopeHalves], dtype: torch.dtype) -> Optional[Callable[[int, int], Rotation]]:
+    """``rotation(start, stop)``: ``(cos, sin)`` ``(stop - start, d)`` of those tokens' channel pairs.
+
+    Slices and broadcasts only (no gathers, nothing data-dependent), so tracing
+    and export see static shapes. A grid is read in whole rows of tokens: the
+    chunks start and stop at multiples of its width (:func:`_grid_chunk_size`)
+    and a chunk's row angles are its rows of the row table, broadcast over
+    the columns. ``(N, d)`` table halves are read chunk by chunk.
     """
     if rope is None:
         return None
+    lo_cos, lo_sin = _pair_angles(rope.sin_lo, rope.cos_lo, dtype)
+    hi_cos, hi_sin = _pair_angles(rope.sin_hi, rope.cos_hi, dtype)
     if rope.grid_width:
-        lo = _pair_rotations(rope.sin_lo, rope.cos_lo, dtype)
-        hi = _pair_rotations(rope.sin_hi, rope.cos_hi, dtype)
+        width = rope.grid_width
 
         def rotation(start, stop):
-            tokens = torch.arange(start, stop, device=device)
-            return torch.cat([lo[tokens // rope.grid_width], hi[tokens % rope.grid_width]], dim=-1)
+            rows = (stop - start) // width
+            first = start // width
+            angles = []
+            for lo, hi in ((lo_cos, hi_cos), (lo_sin, hi_sin)):
+                lo_rows = lo[first:first + rows, None, :].expand(rows, width, lo.shape[-1])
+                hi_rows = hi[None, :width, :].expand(rows, width, hi.shape[-1])
+                angles.append(torch.cat([lo_rows, hi_rows], dim=-1).flatten(0, 1))
+            return angles[0], angles[1]
         return rotation
 
     def rotation(start, stop):
-        return torch.cat([_pair_rotations(rope.sin_lo[start:stop], rope.cos_lo[start:stop], dtype),
-                          _pair_rotations(rope.sin_hi[start:stop], rope.cos_hi[start:stop], dtype)], dim=-1)
+        return (torch.cat([lo_cos[start:stop], hi_cos[start:stop]], dim=-1),
+                torch.cat([lo_sin[start:stop], hi_sin[start:stop]], dim=-1))
     return rotation
 
 
-def _rotate(x: Tensor, rotation: Tensor) -> Tensor:
-    """RoPE of channel pairs as a complex product: ``(x0 + i x1) * (cos + i sin)``.
+def _grid_chunk_size(chunk_size: int, grid_width: int) -> int:
+    """``chunk_size`` rounded to whole grid rows (at least one row)."""
+    return max(grid_width, chunk_size // grid_width * grid_width)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE of channel pairs in real arithmetic: ``(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)``.
 
     Args:
-        x: ``(..., 2c)`` real, contiguous.
-        rotation: complex, broadcastable to ``(..., c)``.
+        x: ``(..., 2c)``.
+        cos, sin: broadcastable to ``(..., c)``, one angle per pair.
     """
-    return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation).flatten(-2)
+    pairs = x.unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2)
 
 
 def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
@@ -104,14 +157,20 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     1. keys: ``S = sum_n R(phi_k)_n^T v_n / N`` (``(2d, dv)``, shared by both
        streams) and ``m = mean_n phi_k`` (``(2d,)``);
     2. queries: ``[phi_s, phi_o]`` built side by side (``(n, 2, 2d)``: one
-       product with signed temperatures, one exp, one softshrink, one complex
+       product with signed temperatures, one exp, one softshrink, one
        rotation for both); each stream reads its half of ``S``:
        ``num = R(phi) S_stream``, ``den = phi . m``.
 
     Feature maps are ``exp(x) - 1`` as the method defines them (vectorised exp;
-    the inactive polarity is exactly zero). Temperatures must be non-negative
-    and RoPE tables must give both channels of a pair the same angle
-    (both checked here, except under torch.compile or torch.jit.trace).
+    the inactive polarity is exactly zero). Where some exponent may leave the
+    shift-free range (:func:`~.common.needs_exponent_shift`), both passes use
+    the exponent shifts of :mod:`.common` instead: the same output, finite for
+    any finite input. The RoPE rotation is real arithmetic on channel pairs,
+    its angles sliced and broadcast (no complex tensors, no gathers), so
+    tracing, ONNX export and torch.compile see plain tensor ops.
+    Temperatures must be non-negative and RoPE tables must give both channels
+    of a pair the same angle (both checked here, except under torch.compile or
+    torch.jit.trace).
 
     Args:
         q, k: ``(B, h, N, d)``; v: ``(B, h, N, dv)``.
@@ -133,31 +192,50 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     if not is_tracing():
         check_temperatures(temp_same, temp_opp)
         check_rope_pairs(rope)
-    rotation = _rotation_source(rope, dtype, q.device)
+    if rope is not None and rope.grid_width:
+        chunk_size = _grid_chunk_size(chunk_size, rope.grid_width)
+    rotation = _rotation_source(rope, dtype)
     chunks = token_chunks(num_tokens, chunk_size)
+    # exponent shifts (see .common) only where some exponent may leave the shift-free range
+    key_shifts = key_exponent_shifts(k) if needs_exponent_shift(q, k, temp_same, temp_opp) else None
 
     # pass 1: keys -> state S and mean feature m
     state, key_sum = 0, 0
     for start, stop in chunks:
-        phi_k = _key_features(k[..., start:stop, :])  # (B, h, n, 2d)
-        key_sum = key_sum + phi_k.sum(dim=-2)
+        k_chunk = k[..., start:stop, :]
+        phi_k = _key_features(k_chunk) if key_shifts is None else _shifted_key_features(k_chunk, key_shifts)
+        key_sum = key_sum + phi_k.sum(dim=-2)  # (B, h, 2d)
         if rotation is not None:
-            phi_k = _rotate(phi_k, rotation(start, stop))
+            phi_k = _rotate(phi_k, *rotation(start, stop))
         state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
-    key_mean = (key_sum / num_tokens)[:, :, None, :, None]  # (B, h, 1, 2d, 1)
+    key_mean = key_sum / num_tokens  # (B, h, 2d)
+    if key_shifts is not None:  # the queries take the keys' scale: m'' <= 1
+        key_divisor, log_scale = key_normalisation(key_shifts, key_mean)
+        state = state / key_divisor[..., None]
+        key_mean = key_mean / key_divisor
+        log_rows, log_mean_rows = signed_rows(log_scale), signed_rows(key_mean.detach().log())
+    key_mean = key_mean[:, :, None, :, None]  # (B, h, 1, 2d, 1)
     state_same, state_opp = state[..., :half], state[..., half:]
 
     # pass 2: queries -> both streams at once
     signed_temps = signed_temperatures(temp_same.to(dtype), temp_opp.to(dtype))
     out = q.new_empty(batch, heads, num_tokens, 2 * half)
     for start, stop in chunks:
-        phi_q = _query_features(q[..., start:stop, :], signed_temps)  # (B, h, n, 2, 2d)
-        den = phi_q @ key_mean + eps  # (B, h, n, 2, 1)
+        if key_shifts is None:
+            phi_q = _query_features(q[..., start:stop, :], signed_temps)  # (B, h, n, 2, 2d)
+            eps_term = eps
+        else:
+            exponents = q[..., start:stop, :].unsqueeze(-2) * signed_temps[None, :, None]  # (B, h, n, 4, d)
+            query_shifts = query_exponent_shifts(exponents, log_rows, log_mean_rows)  # (B, h, n, 2)
+            phi_q = _shifted_query_features(exponents, log_rows, query_shifts)
+            eps_term = shifted_eps(eps, query_shifts)[..., None]  # (B, h, n, 2, 1)
+        den = phi_q @ key_mean + eps_term  # (B, h, n, 2, 1)
         if rotation is not None:
-            # rebuilt rather than kept from pass 1: an (N, d) complex tensor per call
-            # would cost more in fresh memory than the gather costs
-            phi_q = _rotate(phi_q, rotation(start, stop)[:, None, :])
+            # rebuilt rather than kept from pass 1: (N, d) tables per call would cost
+            # more in fresh memory than rebuilding a chunk's angles costs
+            cos, sin = rotation(start, stop)
+            phi_q = _rotate(phi_q, cos[:, None, :], sin[:, None, :])
         num = torch.stack([phi_q[..., 0, :] @ state_same, phi_q[..., 1, :] @ state_opp], dim=-2)
         out[..., start:stop, :] = (num / den).flatten(-2)  # (B, h, n, dv)
     return out.to(out_dtype)

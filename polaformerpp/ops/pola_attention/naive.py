@@ -12,6 +12,12 @@ docstring for the equations):
 
 Every function works in the dtype it is given (float64 included); only
 :func:`naive_pola_attention` computes fp16/bf16 inputs in fp32, as the op does.
+
+The quadratic form applies the backends' exponent shifts (see
+:mod:`.common`) where the inputs need them, so its weights stay finite for
+any finite ``q`` and ``k``; :func:`pola_feature_maps` and
+:func:`naive_pola_attention` are the unshifted definitions and overflow
+like ``exp`` does.
 """
 from typing import Optional, Tuple, Union
 
@@ -20,7 +26,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..rope import RopeGrid, apply_rope, pola_rope_tables
-from .common import compute_dtype
+from .common import (
+    MAX_QUERY_EXPONENT,
+    SHIFT_FREE_PRODUCT_EXPONENT,
+    compute_dtype,
+    key_exponent_shifts,
+    key_normalisation,
+    needs_exponent_shift,
+    shifted_eps,
+)
 
 __all__ = ['pola_feature_maps', 'pola_attention_weights', 'naive_pola_attention_quadratic',
            'naive_pola_attention']
@@ -57,13 +71,55 @@ def pola_feature_maps(q: Tensor, k: Tensor, temp_same: Tensor,
     return phi_s, phi_o, phi_k
 
 
+def _exponent_maps(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The arguments of ``exp`` in :func:`pola_feature_maps` (``phi = exp(x) - 1`` where ``x > 0``, else 0)."""
+    q_pos, q_neg = F.relu(q), F.relu(-q)
+    x_s = torch.cat([q_pos, q_neg], dim=-1) * temp_same[None, :, None, :]
+    x_o = torch.cat([q_neg, q_pos], dim=-1) * temp_opp[None, :, None, :]
+    return x_s, x_o, torch.cat([F.relu(k), F.relu(-k)], dim=-1)
+
+
+def _shifted_feature_maps(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor,
+                          eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Feature maps scaled so that nothing overflows, and each query stream's ``eps``.
+
+    Keys: ``phi_k'' = (exp(x - b) - exp(-b)) / r``; each query stream:
+    ``phi'' = exp(x + L - c) - exp(L - c)`` with ``L = b + log r`` and the
+    per-token ``c`` of :mod:`.common`; ``eps'' = eps * exp(-c)``. Every
+    weight ``<R phi_q'', R phi_k''> / (N (phi_q'' . m'' + eps''))`` equals the
+    unshifted one.
+
+    Returns:
+        tuple: ``phi_s``, ``phi_o``, ``phi_k`` ``(B, h, N, 2d)``, ``eps_s``, ``eps_o`` ``(B, h, N, 1)``.
+    """
+    x_s, x_o, x_k = _exponent_maps(q, k, temp_same, temp_opp)
+    shifts = key_exponent_shifts(k)[:, :, None, :]  # (B, h, 1, 2d)
+    phi_k = torch.exp(x_k - shifts) * -torch.expm1(-x_k)  # exp(x - b) - exp(-b), no cancellation
+    divisor, log_scale = key_normalisation(shifts[:, :, 0], phi_k.mean(dim=-2))
+    phi_k = phi_k / divisor[:, :, None, :]
+    log_scale = log_scale[:, :, None, :]
+    log_mean = phi_k.mean(dim=-2, keepdim=True).detach().log()
+    maps, eps_terms = [], []
+    for x in (x_s, x_o):
+        scaled = x.detach() + log_scale
+        top_term = (scaled + log_mean).amax(dim=-1, keepdim=True)
+        top_feature = scaled.amax(dim=-1, keepdim=True)
+        shift = torch.maximum((top_term - SHIFT_FREE_PRODUCT_EXPONENT).clamp_min(0),
+                              top_feature - MAX_QUERY_EXPONENT)  # (B, h, N, 1)
+        maps.append(torch.exp(x + log_scale - shift) * -torch.expm1(-x))  # exp(x + L - c) - exp(L - c)
+        eps_terms.append(shifted_eps(eps, shift))
+    return maps[0], maps[1], phi_k, eps_terms[0], eps_terms[1]
+
+
 def pola_attention_weights(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor,
                            rope: Union[None, RopeGrid, Tuple[Tensor, Tensor]] = None, eps: float = 1e-6,
                            query_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """The ``N x N`` matrices the attention applies to the two value halves.
 
     ``W_s[i, j] = <R phi_s[i], R phi_k[j]> / (N (<phi_s[i], mean_j phi_k[j]> + eps))``
-    (``W_opp`` with ``phi_o``; ``R`` the RoPE, identity without it).
+    (``W_opp`` with ``phi_o``; ``R`` the RoPE, identity without it). Inputs
+    whose exponents leave the shift-free range are computed with the exponent
+    shifts of :mod:`.common` (the same weights, without overflow).
 
     Args:
         q, k: ``(B, h, N, d)``.
@@ -78,7 +134,12 @@ def pola_attention_weights(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Te
         ``W_same @ v[..., :dv/2]`` and ``W_opp @ v[..., dv/2:]`` equal to the two
         halves of :func:`~polaformerpp.ops.pola_attention`'s output at those queries.
     """
-    phi_s, phi_o, phi_k = pola_feature_maps(q, k, temp_same.to(q.dtype), temp_opp.to(q.dtype))
+    temp_same, temp_opp = temp_same.to(q.dtype), temp_opp.to(q.dtype)
+    if needs_exponent_shift(q, k, temp_same, temp_opp):
+        phi_s, phi_o, phi_k, eps_s, eps_o = _shifted_feature_maps(q, k, temp_same, temp_opp, eps)
+    else:
+        phi_s, phi_o, phi_k = pola_feature_maps(q, k, temp_same, temp_opp)
+        eps_s = eps_o = eps
     num_keys = k.shape[-2]
     key_mean = phi_k.mean(dim=-2, keepdim=True)  # (B, h, 1, 2d)
     rope = _as_tables(rope, q.shape[-1], q.device)
@@ -90,9 +151,10 @@ def pola_attention_weights(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Te
     if query_index is not None:
         phi_s, phi_o = phi_s[..., query_index, :], phi_o[..., query_index, :]
         rot_s, rot_o = rot_s[..., query_index, :], rot_o[..., query_index, :]
+        eps_s, eps_o = (e[..., query_index, :] if isinstance(e, Tensor) else e for e in (eps_s, eps_o))
     weights = []
-    for phi_q, rot_q in ((phi_s, rot_s), (phi_o, rot_o)):
-        denominator = (phi_q * key_mean).sum(-1, keepdim=True) + eps  # (B, h, Nq, 1)
+    for phi_q, rot_q, eps_q in ((phi_s, rot_s, eps_s), (phi_o, rot_o, eps_o)):
+        denominator = (phi_q * key_mean).sum(-1, keepdim=True) + eps_q  # (B, h, Nq, 1)
         weights.append((rot_q @ rot_k.transpose(-1, -2)) / (num_keys * denominator))
     return weights[0], weights[1]
 

@@ -68,6 +68,41 @@ inline float expm1_nonneg(float a) {
     return a != a ? a : result;
 }
 
+// exp(a) for any a: 0 below -103.9 (past the smallest subnormal), +inf above
+// log(FLT_MAX), NaN propagates. Same reduction and polynomial as
+// expm1_nonneg; 2^k in two halves covers k in [-150, 128].
+inline float exp_any(float a) {
+    float x = a < 88.5f ? a : 88.5f;  // NaN -> 88.5, fixed below
+    x = x > -104.0f ? x : -104.0f;
+    float kf = std::floor(x * 1.4426950408889634f + 0.5f);
+    float r = x - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    float e_r = p * r + 1.0f;  // exp(r)
+    int32_t k = static_cast<int32_t>(kf);
+    int32_t k1 = k >> 1;
+    int32_t bits1 = (k1 + 127) << 23, bits2 = (k - k1 + 127) << 23;
+    float s1, s2;
+    std::memcpy(&s1, &bits1, sizeof(float));
+    std::memcpy(&s2, &bits2, sizeof(float));
+    float result = s1 * (s2 * e_r);
+    result = a < -103.9f ? 0.0f : result;
+    result = a > kExpOverflow ? std::numeric_limits<float>::infinity() : result;
+    return a != a ? a : result;
+}
+
+// Largest magnitudes of the shifted query maps (see ../common.py): the
+// denominator's largest term stays below exp(kTopTerm), every feature below
+// exp(kTopFeature).
+constexpr float kTopTerm = 40.0f;
+constexpr float kTopFeature = 80.0f;
+
 // The RoPE rows of one token: sin/cos of channels [0, d) and [d, 2d).
 struct RopeRows {
     const float* sin_lo;
@@ -150,6 +185,89 @@ void query_row(const float* q, const float* signed_temps, const float* key_mean,
     }
 }
 
+// key_row with exponent shifts b (2d, ../common.py key_exponent_shifts):
+// phi' = exp(x - b) - exp(-b) on the active polarity; floor[j] = exp(-b_j).
+// b is at most max |k| - 20, so exp(-b) expm1(20) cannot overflow.
+POLA_MULTIVERSION
+bool shifted_key_row(const float* k, const float* shift, const float* floor, const RopeRows* rope, int64_t d,
+                     float* feature, float* feature_sum, float* out) {
+    for (int64_t j = 0; j < d; ++j) {
+        float x = k[j];
+        bool pos = x > 0.0f;
+        float a = pos ? x : -x;
+        float b = pos ? shift[j] : shift[d + j];
+        // exp(a - b) - exp(-b): as exp(-b) expm1(a) below a = 20 (no cancellation), as
+        // exp(a - b) above (1 - exp(-a) rounds to 1 there)
+        float small = (pos ? floor[j] : floor[d + j]) * expm1_nonneg(a < 20.0f ? a : 20.0f);
+        float e = a < 20.0f ? small : exp_any(a - b);
+        e = x != x ? x : e;
+        feature[j] = !(x <= 0.0f) ? e : 0.0f;
+        feature[d + j] = !(x >= 0.0f) ? e : 0.0f;
+    }
+    for (int64_t j = 0; j < 2 * d; ++j) feature_sum[j] += feature[j];
+    if (rope == nullptr) {
+        std::memcpy(out, feature, 2 * d * sizeof(float));
+        return true;
+    }
+    rotate_half(feature, rope->sin_lo, rope->cos_lo, d, 1.0f, out);
+    rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, 1.0f, out + d);
+    return pairs_share_angles(rope->sin_lo, rope->cos_lo, d) && pairs_share_angles(rope->sin_hi, rope->cos_hi, d);
+}
+
+// query_row with the keys' log scale L and log m'' per signed-temperature row
+// (both (4, d), -inf allowed; ../common.py): per stream the shift
+// c = max(relu(max(relu(x) + L + log m'') - 40), max(relu(x) + L) - 80), features
+// exp(x + L - c) - exp(L - c) and eps * exp(-c) (at least FLT_MIN when eps > 0).
+POLA_MULTIVERSION
+void shifted_query_row(const float* q, const float* signed_temps, const float* key_mean, const float* log_rows,
+                       const float* log_mean_rows, const RopeRows* rope, int64_t d, float eps, float* feature,
+                       float* out) {
+    for (int64_t s = 0; s < 2; ++s) {
+        const float* t1 = signed_temps + (2 * s) * d;
+        const float* t2 = signed_temps + (2 * s + 1) * d;
+        const float* l1 = log_rows + (2 * s) * d;
+        const float* l2 = log_rows + (2 * s + 1) * d;
+        const float* lm1 = log_mean_rows + (2 * s) * d;
+        const float* lm2 = log_mean_rows + (2 * s + 1) * d;
+        float top_term = -std::numeric_limits<float>::infinity(), top_feature = top_term;
+        for (int64_t j = 0; j < d; ++j) {
+            float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
+            float a1 = (y1 > 0.0f ? y1 : 0.0f) + l1[j], a2 = (y2 > 0.0f ? y2 : 0.0f) + l2[j];
+            float f = a1 > a2 ? a1 : a2;
+            float t = a1 + lm1[j] > a2 + lm2[j] ? a1 + lm1[j] : a2 + lm2[j];
+            top_feature = f > top_feature ? f : top_feature;
+            top_term = t > top_term ? t : top_term;
+        }
+        float c = top_term - kTopTerm > 0.0f ? top_term - kTopTerm : 0.0f;
+        c = top_feature - kTopFeature > c ? top_feature - kTopFeature : c;
+        for (int64_t j = 0; j < d; ++j) {
+            float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
+            bool first = y1 > y2;
+            float y = first ? y1 : y2;
+            float l = first ? l1[j] : l2[j];
+            float yp = y > 0.0f ? y : 0.0f;
+            // exp(y + l - c) - exp(l - c), as in shifted_key_row
+            float small = exp_any(l - c) * expm1_nonneg(yp < 20.0f ? yp : 20.0f);
+            float e = yp < 20.0f ? small : exp_any(yp + l - c);
+            e = y != y ? y : e;
+            feature[j] = !(y1 <= 0.0f) ? e : 0.0f;
+            feature[d + j] = !(y2 <= 0.0f) ? e : 0.0f;
+        }
+        float dot = 0.0f;
+        for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
+        float eps_c = eps * exp_any(-c);
+        eps_c = eps > 0.0f && eps_c < std::numeric_limits<float>::min() ? std::numeric_limits<float>::min() : eps_c;
+        const float inv_den = 1.0f / (dot + eps_c);
+        float* o = out + s * 2 * d;
+        if (rope == nullptr) {
+            for (int64_t j = 0; j < 2 * d; ++j) o[j] = feature[j] * inv_den;
+            continue;
+        }
+        rotate_half(feature, rope->sin_lo, rope->cos_lo, d, inv_den, o);
+        rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, inv_den, o + d);
+    }
+}
+
 void check_float_rows(const torch::Tensor& t, const char* name, int64_t dim) {
     TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
     TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32, got ", t.scalar_type());
@@ -210,14 +328,26 @@ RopeTables rope_tables(const c10::optional<torch::Tensor>& sin_lo, const c10::op
 constexpr int64_t kRowsPerTask = 64;
 
 // Rotated key features (B, h, n, 2d), their unrotated sum over tokens
-// (B, h, 2d) and whether every RoPE pair shares its angle.
+// (B, h, 2d) and whether every RoPE pair shares its angle. With key_shifts
+// (B, h, 2d) the features are shifted (shifted_key_row).
 std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
         const torch::Tensor& k, const c10::optional<torch::Tensor>& sin_lo,
         const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
-        const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, int64_t offset) {
+        const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, int64_t offset,
+        const c10::optional<torch::Tensor>& key_shifts) {
     check_float_rows(k, "k", 4);
     const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
     const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    torch::Tensor floors;
+    const float* shift_p = nullptr;
+    if (key_shifts.has_value()) {
+        check_float_rows(*key_shifts, "key_shifts", 3);
+        TORCH_CHECK(key_shifts->is_contiguous() && key_shifts->size(0) == B && key_shifts->size(1) == H &&
+                    key_shifts->size(2) == 2 * d, "key_shifts must be contiguous (B, h, 2d)");
+        floors = key_shifts->neg().exp().contiguous();
+        shift_p = key_shifts->data_ptr<float>();
+    }
+    const float* floor_p = shift_p ? floors.data_ptr<float>() : nullptr;
     auto out = torch::empty({B, H, n, 2 * d}, k.options());
     const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
     auto partial = torch::zeros({B * H, blocks, 2 * d}, k.options());
@@ -234,8 +364,14 @@ std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
             for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
                 const float* row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
                 const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
-                ok &= key_row(row, rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
-                              op + (bh * n + i) * 2 * d);
+                if (shift_p) {
+                    ok &= shifted_key_row(row, shift_p + bh * 2 * d, floor_p + bh * 2 * d,
+                                          rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
+                                          op + (bh * n + i) * 2 * d);
+                } else {
+                    ok &= key_row(row, rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
+                                  op + (bh * n + i) * 2 * d);
+                }
             }
             paired[task] = ok;
         }
@@ -246,12 +382,14 @@ std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
 }
 
 // Rotated query features of both streams, each row divided by its
-// denominator phi . m + eps: (B, h, n, 2, 2d).
+// denominator phi . m + eps: (B, h, n, 2, 2d). With log_rows and
+// log_mean_rows (each (B, h, 4, d)) the features are shifted (shifted_query_row).
 torch::Tensor query_features(
         const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
         const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
         const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
-        int64_t grid_width, int64_t offset, double eps) {
+        int64_t grid_width, int64_t offset, double eps, const c10::optional<torch::Tensor>& log_rows,
+        const c10::optional<torch::Tensor>& log_mean_rows) {
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
     check_float_rows(signed_temps, "signed_temps", 3);
@@ -261,6 +399,19 @@ torch::Tensor query_features(
     TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
                 key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
     const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    TORCH_CHECK(log_rows.has_value() == log_mean_rows.has_value(),
+                "log_rows and log_mean_rows must be given together");
+    const float* log_p = nullptr;
+    const float* log_mean_p = nullptr;
+    if (log_rows.has_value()) {
+        for (const auto* t : {&log_rows.value(), &log_mean_rows.value()}) {
+            check_float_rows(*t, "log_rows", 4);
+            TORCH_CHECK(t->is_contiguous() && t->size(0) == B && t->size(1) == H && t->size(2) == 4 &&
+                        t->size(3) == d, "log_rows and log_mean_rows must be contiguous (B, h, 4, d)");
+        }
+        log_p = log_rows->data_ptr<float>();
+        log_mean_p = log_mean_rows->data_ptr<float>();
+    }
     auto out = torch::empty({B, H, n, 2, 2 * d}, q.options());
     const float* qp = q.data_ptr<float>();
     const float* tp = signed_temps.data_ptr<float>();
@@ -276,8 +427,14 @@ torch::Tensor query_features(
             for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
                 const float* row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
                 const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
-                query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &rows : nullptr, d, epsf,
-                          feature.data(), op + (bh * n + i) * 4 * d);
+                if (log_p) {
+                    shifted_query_row(row, tp + h * 4 * d, mp + bh * 2 * d, log_p + bh * 4 * d,
+                                      log_mean_p + bh * 4 * d, rope.present ? &rows : nullptr, d, epsf,
+                                      feature.data(), op + (bh * n + i) * 4 * d);
+                } else {
+                    query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &rows : nullptr, d, epsf,
+                              feature.data(), op + (bh * n + i) * 4 * d);
+                }
             }
         }
     });
@@ -290,8 +447,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "Fused CPU feature maps of PolaFormer++'s polarity-aware linear attention";
     m.def("key_features", &key_features, "rotated key features, their token sum, RoPE pairs ok",
           py::arg("k"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),
-          py::arg("grid_width"), py::arg("offset"));
+          py::arg("grid_width"), py::arg("offset"), py::arg("key_shifts") = py::none());
     m.def("query_features", &query_features, "rotated query features of both streams over their denominators",
           py::arg("q"), py::arg("signed_temps"), py::arg("key_mean"), py::arg("sin_lo"), py::arg("cos_lo"),
-          py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"), py::arg("eps"));
+          py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"), py::arg("eps"),
+          py::arg("log_rows") = py::none(), py::arg("log_mean_rows") = py::none());
 }
