@@ -14,15 +14,15 @@ denominator both scale by ``exp(-c_q)``. Where the inputs need it the backends
 use
 
 * key shifts ``b = relu(max_n [k+, k-]_n - 20)`` per ``(B, h)`` and channel
-  (pairs share the larger value): shifted key features ``exp(x - b) -
-  exp(-b)`` stay below ``exp(20)`` (:func:`key_exponent_shifts`);
-* the larger shifted mean ``r`` of each pair: the state and the key mean are
-  divided by it, so ``m'' <= 1`` and the queries carry the keys' scale
-  ``L = b + log r`` (:func:`key_normalisation`);
+  (with RoPE, pairs share the larger value): shifted key features ``exp(x -
+  b) - exp(-b)`` stay below ``exp(20)`` (:func:`key_exponent_shifts`);
+* the shifted mean ``r`` of each channel (with RoPE, the larger of each pair):
+  the state and the key mean are divided by it, so ``m'' <= 1`` and the
+  queries carry the keys' scale ``L = b + log r`` (:func:`key_normalisation`);
 * per token and stream ``c_q = max(relu(max_c(x_c + L_c + log m''_c) - 40),
-  max_c(x_c + L_c) - 80)`` over the query exponents ``x``: the denominator's
+  max_c(x_c + L_c) - 70)`` over the query exponents ``x``: the denominator's
   largest term stays near ``exp(40)`` at most and every query feature
-  ``exp(x + L - c_q) - exp(L - c_q)`` below ``exp(80)``
+  ``exp(x + L - c_q) - exp(L - c_q)`` below ``exp(70)``
   (:func:`query_exponent_shifts`).
 
 Exact zeros stay exact zeros. Inputs whose exponents stay in the shift-free
@@ -39,7 +39,7 @@ from torch import Tensor
 from ..rope import RopeGrid, RopeHalves, rope_halves
 
 __all__ = [
-    'Rope', 'FUSED_DTYPES', 'compute_dtype', 'is_tracing', 'chunk_tokens', 'token_chunks',
+    'Rope', 'FUSED_DTYPES', 'MAX_TRITON_BATCH_HEADS', 'compute_dtype', 'is_tracing', 'chunk_tokens', 'token_chunks',
     'signed_temperatures', 'check_temperatures', 'check_rope', 'rope_pair_error', 'check_rope_pairs',
     'as_rope_halves', 'rope_tensors', 'SHIFT_FREE_KEY_EXPONENT', 'SHIFT_FREE_PRODUCT_EXPONENT', 'MAX_QUERY_EXPONENT',
     'needs_exponent_shift', 'key_exponent_shifts', 'key_normalisation', 'query_exponent_shifts', 'signed_rows',
@@ -51,6 +51,9 @@ Rope = Union[None, RopeGrid, Tuple[Tensor, Tensor]]
 
 #: input dtypes of the fused backends (computed in fp32)
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: CUDA's limit of a grid's second axis, over which the Triton kernels spread ``B * h``
+MAX_TRITON_BATCH_HEADS = 65535
 
 CHUNK_ELEMENTS = 2 ** 17  # elements of q (B * h * tokens * d) per step of the chunked backends
 MIN_CHUNK_TOKENS = 512
@@ -97,8 +100,14 @@ def signed_temperatures(temp_same: Tensor, temp_opp: Tensor) -> Tensor:
 SHIFT_FREE_KEY_EXPONENT = 20.0
 #: a query exponent plus ``log`` of the key mean up to this is used unshifted (``exp(40) ~ 2.4e17``)
 SHIFT_FREE_PRODUCT_EXPONENT = 40.0
-#: shifted query features stay below ``exp(80)`` (fp32 holds ``exp(88.7)``)
-MAX_QUERY_EXPONENT = 80.0
+#: shifted query features stay below ``exp(70)`` (fp32 holds ``exp(88.7)``; room for the numerator's sum)
+MAX_QUERY_EXPONENT = 70.0
+
+
+def _abs_max(t: Tensor) -> Tensor:
+    """``max |t|`` in one pass (no ``abs`` temporary), fp32."""
+    low, high = torch.aminmax(t.detach())
+    return torch.maximum(low.neg(), high).float()
 
 
 def needs_exponent_shift(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor) -> bool:
@@ -114,55 +123,67 @@ def needs_exponent_shift(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tens
     if is_tracing():
         return True
     with torch.no_grad():
-        key_top = k.detach().abs().amax().float()
-        query_top = q.detach().abs().amax().float() * torch.maximum(temp_same.detach().amax(),
-                                                                     temp_opp.detach().amax()).float()
+        key_top = _abs_max(k)
+        query_top = _abs_max(q) * torch.maximum(temp_same.detach().amax(), temp_opp.detach().amax()).float()
         return bool((key_top > SHIFT_FREE_KEY_EXPONENT) | (key_top + query_top > SHIFT_FREE_PRODUCT_EXPONENT))
 
 
-def key_exponent_shifts(k: Tensor) -> Tensor:
-    """Key shifts ``b = relu(max_n [k+, k-] - 20)``, both channels of a pair sharing the larger one.
+def _share_pairs(channels: Tensor) -> Tensor:
+    """``(..., 2d)`` -> the larger value of each channel pair ``(2i, 2i+1)`` in both channels."""
+    top = channels.unflatten(-1, (-1, 2)).amax(dim=-1, keepdim=True)
+    return top.expand(*top.shape[:-1], 2).flatten(-2)
+
+
+def key_exponent_shifts(k: Tensor, pairs: bool = True) -> Tensor:
+    """Key shifts ``b = relu(max_n [k+, k-] - 20)`` per channel.
 
     Args:
         k: ``(B, h, N, d)`` (read without autograd: the shifts are constants).
+        pairs: both channels of a RoPE pair take the larger shift (needed when
+            the features are rotated; per channel otherwise).
 
     Returns:
         Tensor: ``(B, h, 2d)`` in ``k``'s dtype, channels ``[k+ | k-]`` as the key features.
     """
     k = k.detach()
     top = torch.cat([k.amax(dim=-2).clamp_min(0), k.amin(dim=-2).neg().clamp_min(0)], dim=-1)
-    top = top.unflatten(-1, (-1, 2)).amax(dim=-1, keepdim=True)
-    return (top - SHIFT_FREE_KEY_EXPONENT).clamp_min(0).expand(*top.shape[:-1], 2).flatten(-2)
+    if pairs:
+        top = _share_pairs(top)
+    return (top - SHIFT_FREE_KEY_EXPONENT).clamp_min(0)
 
 
-def key_normalisation(key_shifts: Tensor, key_mean: Tensor) -> Tuple[Tensor, Tensor]:
-    """Per-channel divisors that bring the shifted key mean to at most 1 (pairs share one divisor).
+def key_normalisation(key_shifts: Tensor, key_mean: Tensor, pairs: bool = True) -> Tuple[Tensor, Tensor]:
+    """Per-channel divisors that bring the shifted key mean to at most 1.
 
-    ``r`` is the larger shifted mean ``m'`` of each channel pair: the state and
-    the key mean are divided by ``r`` (channels with ``r == 0`` have no active
-    key: divide by 1, they stay zero) and the queries multiplied by ``exp(b +
-    log r)``, so the queries carry the whole scale of the keys and ``m'' <= 1``.
+    ``r`` is the shifted mean ``m'`` of each channel (with ``pairs``, the larger
+    of each RoPE pair): the state and the key mean are divided by ``r``
+    (channels with ``r == 0`` have no active key: divide by 1, they stay zero)
+    and the queries multiplied by ``exp(b + log r)``, so the queries carry the
+    whole scale of the keys and ``m'' <= 1``.
 
     Args:
-        key_shifts: ``(B, h, 2d)`` from :func:`key_exponent_shifts`.
+        key_shifts: ``(B, h, 2d)`` from :func:`key_exponent_shifts` (with the same ``pairs``).
         key_mean: ``(B, h, 2d)``, the mean of the shifted key features ``m'``.
+        pairs: both channels of a RoPE pair share one divisor (needed when the
+            features are rotated).
 
     Returns:
         tuple[Tensor, Tensor]: ``key_divisor`` ``(B, h, 2d)`` (``r``, or 1) and
         ``log_scale`` ``(B, h, 2d)`` (``b + log r``, ``-inf`` where ``r == 0``), no autograd history.
     """
-    pair_top = key_mean.detach().unflatten(-1, (-1, 2)).amax(dim=-1, keepdim=True)
-    pair_top = pair_top.expand(*pair_top.shape[:-1], 2).flatten(-2)  # (B, h, 2d)
-    key_divisor = torch.where(pair_top > 0, pair_top, torch.ones_like(pair_top))
-    return key_divisor, key_shifts.detach() + pair_top.log()
+    top = key_mean.detach()
+    if pairs:
+        top = _share_pairs(top)
+    key_divisor = torch.where(top > 0, top, torch.ones_like(top))
+    return key_divisor, key_shifts.detach() + top.log()
 
 
 def query_exponent_shifts(exponents: Tensor, log_rows: Tensor, log_mean_rows: Tensor) -> Tensor:
     """Query shifts ``c_q`` per token and stream (see the module docstring).
 
-    ``c_q = max(relu(max_c(relu(x_c) + L_c + log m''_c) - 40), max_c(relu(x_c) + L_c) - 80)``: every
+    ``c_q = max(relu(max_c(relu(x_c) + L_c + log m''_c) - 40), max_c(relu(x_c) + L_c) - 70)``: every
     term of the denominator stays below ``exp(40)`` (the largest one near it)
-    and every shifted query feature below ``exp(80)``.
+    and every shifted query feature below ``exp(70)``.
 
     Args:
         exponents: ``(B, h, n, 4, d)``, ``q`` times the signed temperature rows.

@@ -18,6 +18,8 @@ from torch import Tensor
 
 from ..rope import RopeHalves
 from .common import (
+    MAX_QUERY_EXPONENT,
+    SHIFT_FREE_PRODUCT_EXPONENT,
     Rope,
     as_rope_halves,
     check_temperatures,
@@ -79,10 +81,12 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     half = v.shape[-1] // 2
     chunk_size = chunk_size or chunk_tokens(q)
     check_temperatures(temp_same, temp_opp)
-    rope_rows = _rope_for_kernels(as_rope_halves(rope, head_dim))
+    rope = as_rope_halves(rope, head_dim)
+    rope_rows = _rope_for_kernels(rope)
     chunks = token_chunks(num_tokens, chunk_size)
     # exponent shifts (see .common) only where some exponent may leave the shift-free range
-    key_shifts = key_exponent_shifts(k).contiguous() if needs_exponent_shift(q, k, temp_same, temp_opp) else None
+    shifted, pairs = needs_exponent_shift(q, k, temp_same, temp_opp), rope is not None
+    key_shifts = key_exponent_shifts(k, pairs).contiguous() if shifted else None
 
     # pass 1: keys -> state S (B, h, 2d, dv) and mean feature m (B, h, 2d)
     state = key_sum = None
@@ -98,7 +102,7 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     key_mean = key_sum.div_(num_tokens).contiguous()
     log_rows = log_mean_rows = None
     if key_shifts is not None:  # the queries take the keys' scale: m'' <= 1
-        key_divisor, log_scale = key_normalisation(key_shifts, key_mean)
+        key_divisor, log_scale = key_normalisation(key_shifts, key_mean, pairs)
         state.div_(key_divisor[..., None])
         key_mean.div_(key_divisor)
         log_rows, log_mean_rows = signed_rows(log_scale).contiguous(), signed_rows(key_mean.log()).contiguous()
@@ -110,7 +114,8 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     for start, stop in chunks:
         # rows already divided by their denominators: the products are the outputs
         features = _kernels.query_features(q[..., start:stop, :], signed_temps, key_mean,
-                                           *rope_rows(start, stop), float(eps), log_rows, log_mean_rows)
+                                           *rope_rows(start, stop), float(eps), log_rows, log_mean_rows,
+                                           SHIFT_FREE_PRODUCT_EXPONENT, MAX_QUERY_EXPONENT)
         target = out[..., start:stop, :]
         torch.matmul(features[..., 0, :], state_same, out=target[..., :half])
         torch.matmul(features[..., 1, :], state_opp, out=target[..., half:])

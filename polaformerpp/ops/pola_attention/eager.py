@@ -197,7 +197,8 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     rotation = _rotation_source(rope, dtype)
     chunks = token_chunks(num_tokens, chunk_size)
     # exponent shifts (see .common) only where some exponent may leave the shift-free range
-    key_shifts = key_exponent_shifts(k) if needs_exponent_shift(q, k, temp_same, temp_opp) else None
+    pairs = rope is not None  # rotated features need one shift per channel pair
+    key_shifts = key_exponent_shifts(k, pairs) if needs_exponent_shift(q, k, temp_same, temp_opp) else None
 
     # pass 1: keys -> state S and mean feature m
     state, key_sum = 0, 0
@@ -211,7 +212,7 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
     key_mean = key_sum / num_tokens  # (B, h, 2d)
     if key_shifts is not None:  # the queries take the keys' scale: m'' <= 1
-        key_divisor, log_scale = key_normalisation(key_shifts, key_mean)
+        key_divisor, log_scale = key_normalisation(key_shifts, key_mean, pairs)
         state = state / key_divisor[..., None]
         key_mean = key_mean / key_divisor
         log_rows, log_mean_rows = signed_rows(log_scale), signed_rows(key_mean.detach().log())

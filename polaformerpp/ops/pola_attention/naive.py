@@ -79,23 +79,23 @@ def _exponent_maps(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor) ->
     return x_s, x_o, torch.cat([F.relu(k), F.relu(-k)], dim=-1)
 
 
-def _shifted_feature_maps(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor,
-                          eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _shifted_feature_maps(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor, eps: float,
+                          pairs: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Feature maps scaled so that nothing overflows, and each query stream's ``eps``.
 
     Keys: ``phi_k'' = (exp(x - b) - exp(-b)) / r``; each query stream:
     ``phi'' = exp(x + L - c) - exp(L - c)`` with ``L = b + log r`` and the
     per-token ``c`` of :mod:`.common`; ``eps'' = eps * exp(-c)``. Every
     weight ``<R phi_q'', R phi_k''> / (N (phi_q'' . m'' + eps''))`` equals the
-    unshifted one.
+    unshifted one. ``pairs``: RoPE pairs share their key shifts and divisors.
 
     Returns:
         tuple: ``phi_s``, ``phi_o``, ``phi_k`` ``(B, h, N, 2d)``, ``eps_s``, ``eps_o`` ``(B, h, N, 1)``.
     """
     x_s, x_o, x_k = _exponent_maps(q, k, temp_same, temp_opp)
-    shifts = key_exponent_shifts(k)[:, :, None, :]  # (B, h, 1, 2d)
+    shifts = key_exponent_shifts(k, pairs)[:, :, None, :]  # (B, h, 1, 2d)
     phi_k = torch.exp(x_k - shifts) * -torch.expm1(-x_k)  # exp(x - b) - exp(-b), no cancellation
-    divisor, log_scale = key_normalisation(shifts[:, :, 0], phi_k.mean(dim=-2))
+    divisor, log_scale = key_normalisation(shifts[:, :, 0], phi_k.mean(dim=-2), pairs)
     phi_k = phi_k / divisor[:, :, None, :]
     log_scale = log_scale[:, :, None, :]
     log_mean = phi_k.mean(dim=-2, keepdim=True).detach().log()
@@ -136,7 +136,7 @@ def pola_attention_weights(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Te
     """
     temp_same, temp_opp = temp_same.to(q.dtype), temp_opp.to(q.dtype)
     if needs_exponent_shift(q, k, temp_same, temp_opp):
-        phi_s, phi_o, phi_k, eps_s, eps_o = _shifted_feature_maps(q, k, temp_same, temp_opp, eps)
+        phi_s, phi_o, phi_k, eps_s, eps_o = _shifted_feature_maps(q, k, temp_same, temp_opp, eps, rope is not None)
     else:
         phi_s, phi_o, phi_k = pola_feature_maps(q, k, temp_same, temp_opp)
         eps_s = eps_o = eps

@@ -97,12 +97,6 @@ inline float exp_any(float a) {
     return a != a ? a : result;
 }
 
-// Largest magnitudes of the shifted query maps (see ../common.py): the
-// denominator's largest term stays below exp(kTopTerm), every feature below
-// exp(kTopFeature).
-constexpr float kTopTerm = 40.0f;
-constexpr float kTopFeature = 80.0f;
-
 // The RoPE rows of one token: sin/cos of channels [0, d) and [d, 2d).
 struct RopeRows {
     const float* sin_lo;
@@ -216,12 +210,13 @@ bool shifted_key_row(const float* k, const float* shift, const float* floor, con
 
 // query_row with the keys' log scale L and log m'' per signed-temperature row
 // (both (4, d), -inf allowed; ../common.py): per stream the shift
-// c = max(relu(max(relu(x) + L + log m'') - 40), max(relu(x) + L) - 80), features
+// c = max(relu(max(relu(x) + L + log m'') - top_term), max(relu(x) + L) - top_feature)
+// (the limits of ../common.py: SHIFT_FREE_PRODUCT_EXPONENT, MAX_QUERY_EXPONENT), features
 // exp(x + L - c) - exp(L - c) and eps * exp(-c) (at least FLT_MIN when eps > 0).
 POLA_MULTIVERSION
 void shifted_query_row(const float* q, const float* signed_temps, const float* key_mean, const float* log_rows,
-                       const float* log_mean_rows, const RopeRows* rope, int64_t d, float eps, float* feature,
-                       float* out) {
+                       const float* log_mean_rows, float top_term_limit, float top_feature_limit,
+                       const RopeRows* rope, int64_t d, float eps, float* feature, float* out) {
     for (int64_t s = 0; s < 2; ++s) {
         const float* t1 = signed_temps + (2 * s) * d;
         const float* t2 = signed_temps + (2 * s + 1) * d;
@@ -238,8 +233,8 @@ void shifted_query_row(const float* q, const float* signed_temps, const float* k
             top_feature = f > top_feature ? f : top_feature;
             top_term = t > top_term ? t : top_term;
         }
-        float c = top_term - kTopTerm > 0.0f ? top_term - kTopTerm : 0.0f;
-        c = top_feature - kTopFeature > c ? top_feature - kTopFeature : c;
+        float c = top_term - top_term_limit > 0.0f ? top_term - top_term_limit : 0.0f;
+        c = top_feature - top_feature_limit > c ? top_feature - top_feature_limit : c;
         for (int64_t j = 0; j < d; ++j) {
             float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
             bool first = y1 > y2;
@@ -389,7 +384,7 @@ torch::Tensor query_features(
         const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
         const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
         int64_t grid_width, int64_t offset, double eps, const c10::optional<torch::Tensor>& log_rows,
-        const c10::optional<torch::Tensor>& log_mean_rows) {
+        const c10::optional<torch::Tensor>& log_mean_rows, double top_term_limit, double top_feature_limit) {
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
     check_float_rows(signed_temps, "signed_temps", 3);
@@ -429,8 +424,9 @@ torch::Tensor query_features(
                 const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
                 if (log_p) {
                     shifted_query_row(row, tp + h * 4 * d, mp + bh * 2 * d, log_p + bh * 4 * d,
-                                      log_mean_p + bh * 4 * d, rope.present ? &rows : nullptr, d, epsf,
-                                      feature.data(), op + (bh * n + i) * 4 * d);
+                                      log_mean_p + bh * 4 * d, static_cast<float>(top_term_limit),
+                                      static_cast<float>(top_feature_limit), rope.present ? &rows : nullptr, d,
+                                      epsf, feature.data(), op + (bh * n + i) * 4 * d);
                 } else {
                     query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &rows : nullptr, d, epsf,
                               feature.data(), op + (bh * n + i) * 4 * d);
@@ -451,5 +447,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("query_features", &query_features, "rotated query features of both streams over their denominators",
           py::arg("q"), py::arg("signed_temps"), py::arg("key_mean"), py::arg("sin_lo"), py::arg("cos_lo"),
           py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"), py::arg("eps"),
-          py::arg("log_rows") = py::none(), py::arg("log_mean_rows") = py::none());
+          py::arg("log_rows") = py::none(), py::arg("log_mean_rows") = py::none(),
+          py::arg("top_term_limit") = 0.0, py::arg("top_feature_limit") = 0.0);
 }
