@@ -1,11 +1,12 @@
-"""The fused Triton backend of ``pola_attention`` against the torch backend.
+"""The fused Triton backend of ``pola_attention`` against the torch backend and the float64 reference.
 
 Runs on CPU through the Triton interpreter, so sizes are tiny. The
 environment variable must be set before Triton (or polaformerpp, which may
-import it) is imported.
+import it) is imported. ``test_pola_attention_cuda.py`` runs the kernels on a GPU.
 """
 import os
 import sys
+from functools import partial
 
 # Triton picks interpreter mode when it is imported; a process that imported it
 # before this line (without the variable) cannot run these tests on CPU tensors.
@@ -20,9 +21,10 @@ if _TRITON_PREIMPORTED:
     pytest.skip('triton was imported before TRITON_INTERPRET=1 was set; run this file on its own '
                 'or set the variable in conftest.py', allow_module_level=True)
 
+from ops_testing import float64_quadratic  # noqa: E402
 from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_attention_torch, pola_rope_tables  # noqa: E402
 from polaformerpp.ops.pola_attention import triton_ops  # noqa: E402
-from polaformerpp.ops.pola_attention.common import as_rope_halves  # noqa: E402
+from polaformerpp.ops.pola_attention.common import as_rope_halves, needs_exponent_shift  # noqa: E402
 
 pola_attention_triton = triton_ops.pola_attention_triton
 
@@ -65,7 +67,7 @@ CASES = [
     # batch, heads, height, width, head_dim, rope, dtype
     (1, 1, 1, 1, 16, True, torch.float32),      # N = 1
     (1, 2, 1, 1, 12, False, torch.float32),     # N = 1, d = 12
-    (2, 2, 5, 7, 12, True, torch.float32),      # N = 35: not a multiple of the tile (16) or chunk (32)
+    (2, 1, 5, 7, 12, True, torch.float32),      # N = 35: not a multiple of the tile (16) or chunk (32)
     (1, 1, 4, 4, 96, True, torch.float32),      # d = 96 (padded to 2 x 64)
     (1, 2, 3, 11, 32, False, torch.float32),    # N = 33: a chunk holding one token
     (1, 1, 6, 8, 48, True, torch.float32),      # d = 48
@@ -137,6 +139,87 @@ def test_half_precision_large_inputs_stay_finite():
     assert_close_rel(actual[0], expected[0], 1e-2, 1e-3, 'out')
 
 
+def uniform_inputs(height, width, head_dim, dtype, scale, rope, seed=0):
+    """``q, k`` uniform in ``[-scale, scale]`` (``|x|`` of order ``scale``), ``v`` in ``[-1, 1]``,
+    temperatures in (0.05, 0.95), one batch element and head; RoPE tables or None and an output gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, 1, height * width, head_dim)
+    q, k = (scale * (2 * torch.rand(shape, generator=gen) - 1) for _ in range(2))
+    v = 2 * torch.rand(shape, generator=gen) - 1
+    temps = [0.05 + 0.9 * torch.rand(1, 2 * head_dim, generator=gen) for _ in range(2)]
+    inputs = tuple(t.to(dtype).requires_grad_() for t in (q, k, v)) + tuple(t.requires_grad_() for t in temps)
+    tables = pola_rope_tables(height, width, head_dim) if rope else None
+    return inputs, tables, torch.randn(shape, generator=gen).to(dtype)
+
+
+def float64_output_and_grads(inputs, tables, grad_out):
+    """The quadratic reference in float64 on the (rounded) inputs, and its five gradients."""
+    inputs64 = tuple(t.detach().double().requires_grad_() for t in inputs)
+    out = float64_quadratic(*inputs64, tables)
+    return (out, *torch.autograd.grad(out, inputs64, grad_out.double()))
+
+
+# |x| = scale, RoPE, dtype, gradients too (see the test's docstring).
+LARGE_CASES = [(30.0, False, torch.float32, True), (100.0, False, torch.float32, True),
+               (25.0, True, torch.float32, True), (30.0, True, torch.float32, False),
+               (300.0, False, torch.float16, True), (300.0, False, torch.bfloat16, True)]
+
+
+@pytest.mark.parametrize('scale,rope,dtype,with_grads', LARGE_CASES)
+def test_large_inputs_match_float64(scale, rope, dtype, with_grads):
+    """exp overflows fp32 at 88.7: the exponent shifts keep outputs and gradients finite and equal to
+    the float64 reference (1e-4 of its largest value in fp32, 1e-2 for fp16/bf16 inputs).
+
+    ``q, k`` are uniform in ``[-scale, scale]``. Without RoPE the exact output is bounded by
+    max |v| at any scale; with RoPE the rotation breaks positivity and the exact output itself
+    grows like exp(|x|) (~1e24 at 30, beyond fp32 at 100), so RoPE is checked forward at 30 and
+    with gradients at 25 (just past the shift-free range), where the exact ones fit comfortably.
+    fp16/bf16: 300 is about the largest scale at which the float64 reference's features (exp of
+    a query exponent plus a key exponent) stay finite.
+    """
+    inputs, tables, grad_out = uniform_inputs(3, 5, 16, dtype, scale, rope)
+    assert needs_exponent_shift(*inputs[:2], *inputs[3:])
+    fused_rope = RopeGrid(3, 5) if rope else None
+    if with_grads:
+        actual = output_and_grads(pola_attention_triton, inputs, fused_rope, grad_out)
+        expected = float64_output_and_grads(inputs, tables, grad_out)
+    else:
+        with torch.no_grad():
+            actual = (pola_attention_triton(*inputs, fused_rope),)
+            expected = (float64_quadratic(*(t.double() for t in inputs), tables),)
+    rtol = 1e-4 if dtype == torch.float32 else 1e-2
+    for name, a, e in zip(('out',) + GRAD_NAMES, actual, expected):
+        assert torch.isfinite(a).all(), name
+        assert_close_rel(a.double(), e, rtol, 0.0, name)
+
+
+def test_shift_only_where_needed_and_at_rounding_level():
+    """Inputs in the shift-free range run the unshifted kernels (today's arithmetic, bit for bit);
+    the shifted kernels (what compiled graphs run) give the same results to fp32 rounding."""
+    inputs, tables, grad_out = make_inputs(1, 1, 3, 5, 16, True, torch.float32, scale=2.0)
+    assert not needs_exponent_shift(*inputs[:2], *inputs[3:])
+    default = output_and_grads(pola_attention_triton, inputs, tables, grad_out)
+    with torch.no_grad():
+        assert torch.equal(default[0], pola_attention_triton(*inputs, tables, shifted=False))
+    shifted = output_and_grads(partial(pola_attention_triton, shifted=True), inputs, tables, grad_out)
+    for name, a, b in zip(('out',) + GRAD_NAMES, shifted, default):
+        assert_close_rel(a, b, 1e-5, 1e-7, name)
+
+
+# (the interpreter evaluates both sides of tl.where, and numpy warns about the side not taken)
+@pytest.mark.filterwarnings('ignore:overflow encountered:RuntimeWarning')
+@pytest.mark.parametrize('scale', [1.0, 100.0])
+def test_zero_queries_give_zero_output(scale):
+    """All-zero query rows give exactly zero (not NaN), with and without the shift; eps keeps its meaning."""
+    inputs, _, grad_out = uniform_inputs(2, 3, 16, torch.float32, scale, False)
+    with torch.no_grad():
+        inputs[0][:, :, ::2] = 0.0  # every other token
+    out, *grads = output_and_grads(pola_attention_triton, inputs, RopeGrid(2, 3), grad_out)
+    assert torch.equal(out[:, :, ::2], torch.zeros_like(out[:, :, ::2]))
+    assert out[:, :, 1::2].abs().sum() > 0
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 def test_dispatcher_selects_triton():
     inputs, tables, _ = make_inputs(1, 2, 3, 4, 16, True, torch.float32)
     inputs = tuple(t.detach() for t in inputs)
@@ -175,14 +258,14 @@ def test_rope_tables_with_other_strides():
     assert_close_rel(pola_attention_triton(*inputs, (sin, wide[:, 5:37])), expected, 1e-6, 0.0, 'out')
 
 
-@pytest.mark.parametrize('rope', ['tables', 'grid'])
-def test_custom_op_registration(rope):
+@pytest.mark.parametrize('rope,shifted', [('tables', False), ('grid', True)])
+def test_custom_op_registration(rope, shifted):
     inputs, tables, _ = make_inputs(1, 1, 2, 3, 16, True, torch.float32)
     q, k, v, temp_same, temp_opp = inputs
     temps = torch.stack([temp_same, temp_opp]).detach().requires_grad_()
     rope_args = triton_ops.kernel_rope_args(as_rope_halves(RopeGrid(2, 3) if rope == 'grid' else tables, 16, q.device))
     op = torch.ops.polaformerpp.pola_attention_triton_fwd
-    torch.library.opcheck(op, (q, k, v, temps, *rope_args, 1e-6),
+    torch.library.opcheck(op, (q, k, v, temps, *rope_args, 1e-6, shifted, False),
                           test_utils=('test_schema', 'test_autograd_registration', 'test_faketensor'))
 
 

@@ -6,21 +6,24 @@ build checks (dot shapes, layouts, types). Run as a script (without
 
     python tests/test_ops/triton_aot_compile.py
 
-exits 0 after compiling the kernels for sm_90 and sm_80, 3 when Triton has no
-ptxas to build with.
+exits 0 after compiling the kernels for sm_90 and sm_80 (the exponent-shifted
+variants too), 3 when Triton has no ptxas to build with.
 """
 import sys
 
 
 def compile_kernels_for_target(head_dim: int, dtype: str = 'bf16', has_rope: bool = True,
                                capability: int = 90, block_n: int = 32, num_warps: int = 4,
-                               num_stages: int = 1, rope_grid: bool = False) -> dict:
+                               num_stages: int = 1, rope_grid: bool = False, shifted: bool = False,
+                               kernels=None) -> dict:
     """Compile every kernel of :mod:`polaformerpp.ops.pola_attention.triton_kernels` for one target.
 
     Args:
         head_dim: ``d``. dtype: ``'fp32'``, ``'fp16'`` or ``'bf16'`` (of q/k/v/o).
         capability: e.g. 90 for sm_90 (H100/H200), 80 for A100.
         rope_grid: RoPE from row/column tables (``RopeGrid``) instead of ``(N, 2d)`` tables.
+        shifted: the exponent-shifted variants (inputs beyond the shift-free range).
+        kernels: names of the kernels to build (default: all).
 
     Returns:
         dict: kernel name -> ``triton.compiler.CompiledKernel`` (``.asm['ptx']``, ...).
@@ -35,9 +38,11 @@ def compile_kernels_for_target(head_dim: int, dtype: str = 'bf16', has_rope: boo
 
     precision = 'tf32x3' if dtype == 'fp32' else 'tf32'
     constants = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), HAS_ROPE=has_rope,
-                     ROPE_GRID=has_rope and rope_grid, PRECISION=precision, BLOCK_N=block_n)
+                     ROPE_GRID=has_rope and rope_grid, SHIFTED=shifted, PRECISION=precision, BLOCK_N=block_n)
     compiled = {}
     for name, kernel in KERNELS.items():
+        if kernels is not None and name not in kernels:
+            continue
         fn = kernel.fn  # the JITFunction under the autotuner
         signature = {}
         for arg in fn.arg_names:
@@ -60,9 +65,11 @@ def main() -> int:
     except Exception as exc:
         print('no ptxas:', exc)
         return 3
-    for head_dim, dtype, has_rope, capability, grid in [(12, 'bf16', True, 90, False), (16, 'fp32', False, 80, False),
-                                                       (64, 'bf16', True, 90, True)]:
-        kernels = compile_kernels_for_target(head_dim, dtype, has_rope, capability, rope_grid=grid)
+    for head_dim, dtype, has_rope, capability, grid, shifted in [(12, 'bf16', True, 90, False, True),
+                                                                (16, 'fp32', False, 80, False, False),
+                                                                (64, 'bf16', True, 90, True, False)]:
+        kernels = compile_kernels_for_target(head_dim, dtype, has_rope, capability, rope_grid=grid,
+                                             shifted=shifted)
         assert all('ptx' in k.asm for k in kernels.values())
     print('ok')
     return 0

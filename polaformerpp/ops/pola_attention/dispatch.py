@@ -1,10 +1,18 @@
-"""The public entry point: argument checks, backend choice, one RoPE conversion."""
+"""The public entry point: argument checks, backend choice, one RoPE conversion.
+
+``backend='auto'`` picks the Triton kernels for CUDA tensors. Where they fail
+to build or launch on the device (an old GPU, a missing toolchain, a Triton
+bug), it falls back to the eager torch backend with one warning naming the
+error, and keeps using it for inputs of that kind (device, dtype, head dim) in
+this process; a backward whose kernels fail does the same. ``backend='triton'``
+raises the :class:`~.triton_ops.TritonKernelError` instead.
+"""
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
-from .common import FUSED_DTYPES, Rope, as_rope_halves, check_rope, is_tracing, rope_tensors
+from .common import FUSED_DTYPES, MAX_TRITON_BATCH_HEADS, Rope, as_rope_halves, check_rope, is_tracing, rope_tensors
 from .cpu import cpu_kernels_available, pola_attention_cpu
 from .eager import pola_attention_torch
 
@@ -34,9 +42,21 @@ def available_backends() -> Tuple[str, ...]:
     return tuple(backends)
 
 
+def _triton_failed_before(q: Tensor) -> bool:
+    """Whether the Triton kernels failed earlier in this process for inputs like ``q``."""
+    from .triton_ops import failed_before
+    return failed_before(q)
+
+
+def _on_triton_device(q: Tensor) -> bool:
+    """Whether ``'auto'`` considers the Triton kernels for ``q``: CUDA tensors with ``B * h`` within the grid."""
+    return q.is_cuda and q.shape[0] * q.shape[1] <= MAX_TRITON_BATCH_HEADS
+
+
 def _pick_backend(q: Tensor, k: Tensor, v: Tensor, records_grad: bool) -> str:
     fused_dtypes = all(t.dtype in FUSED_DTYPES for t in (q, k, v))
-    if q.is_cuda and fused_dtypes and v.shape[-1] == q.shape[-1] and _triton_usable():
+    if (_on_triton_device(q) and fused_dtypes and v.shape[-1] == q.shape[-1] and _triton_usable()
+            and not _triton_failed_before(q)):
         return 'triton'
     # the compiled kernels are opaque to torch.compile and torch.jit.trace (flop counters,
     # export): those see the eager backend
@@ -98,7 +118,9 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
         backend: ``'torch'`` (eager, differentiable), ``'cpu'`` (fused CPU
             kernels, forward only), ``'triton'`` (CUDA tensors) or ``'auto'``
             (the fastest one usable for these tensors: triton on CUDA, cpu on
-            CPU when autograd does not record, torch otherwise; never fails).
+            CPU when autograd does not record, torch otherwise; never fails:
+            where the Triton kernels fail to build or launch it warns once and
+            runs the torch backend).
 
     Returns:
         Tensor: ``(B, h, N, dv)`` in ``q``'s dtype: ``[same-polarity stream
@@ -110,11 +132,14 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
             (shapes, dtypes, even head dims, ``backend``; with the torch
             backend also negative temperatures and RoPE tables whose pairs
             differ).
+        TritonKernelError: with ``backend='triton'``, a kernel that failed to
+            build or launch (a ``RuntimeError``; the error chained).
     """
     _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend)
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, temp_same, temp_opp, *rope_tensors(rope)))
-    if backend == 'auto':
+    auto = backend == 'auto'
+    if auto:
         backend = _pick_backend(q, k, v, records_grad)
     if backend == 'cpu':
         if q.device.type != 'cpu' or q.dtype not in FUSED_DTYPES or not cpu_kernels_available():
@@ -133,4 +158,16 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
         implementation = pola_attention_torch
     # the one conversion of the RoPE argument: every backend reads RopeHalves
     rope = as_rope_halves(rope, q.shape[-1], q.device)
+    if auto and backend == 'triton':
+        return _triton_or_torch(q, k, v, temp_same, temp_opp, rope, eps)
     return implementation(q, k, v, temp_same, temp_opp, rope, eps)
+
+
+def _triton_or_torch(q, k, v, temp_same, temp_opp, rope, eps) -> Tensor:
+    """``backend='auto'`` on the Triton kernels: the torch backend (after one warning) where they fail."""
+    from .triton_ops import TritonKernelError, note_kernel_failure, pola_attention_triton
+    try:
+        return pola_attention_triton(q, k, v, temp_same, temp_opp, rope, eps, fallback_to_torch=True)
+    except TritonKernelError as error:
+        note_kernel_failure(q, error)
+    return pola_attention_torch(q, k, v, temp_same, temp_opp, rope, eps)

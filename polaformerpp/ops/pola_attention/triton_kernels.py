@@ -53,6 +53,19 @@ libdevice's ``expm1`` does not run under ``TRITON_INTERPRET=1``). Matrix
 products take ``PRECISION`` (``tl.dot``'s ``input_precision``, chosen by the
 host); the interpreter computes them in plain fp32.
 
+Exponent shifts (see :mod:`.common`): with ``SHIFTED`` the kernels compute
+the scaled features the other backends use, ``exp(x - b) - exp(-b)`` for the
+keys (``b`` per ``(B, h)`` and channel) and ``exp(x + L - c) - exp(L - c)``
+for the queries, with ``c`` (:func:`~.common.query_exponent_shifts`) computed
+per token and stream inside the query kernels (forward and backward alike)
+and ``eps * exp(-c)`` in the denominator; the host computes ``b``, the key
+divisors ``r`` and ``L = b + log r`` between the two phases and hands them
+over in one ``(B h, 4, 4, BLOCK_D)`` fp32 tensor (:data:`SCALE_SLOTS`). All of
+them are constants for the gradients. The derivative of such a feature is
+``f + exp(offset)`` (``f + 1`` unshifted), again read off the recomputed one.
+Without ``SHIFTED`` (every input in the shift-free range) the arithmetic is
+that of the unshifted method.
+
 RoPE: the kernels read a :class:`~polaformerpp.ops.rope.RopeHalves` as four
 ``(rows, d)`` fp32 tables (``ROPE_GRID``: token ``n`` uses row ``n // W`` for
 feature channels ``[0, d)`` and row ``n % W`` for ``[d, 2d)``, ``(H + W) d``
@@ -66,17 +79,24 @@ outputs and input gradients are contiguous ``(B, h, N, d)``.
 
 Under ``TRITON_INTERPRET=1`` (CPU tensors, used by the tests; the variable must
 be set before ``triton`` is imported) one fixed small configuration runs; on a
-GPU the block size, warps and stages are autotuned.
+GPU the block size, warps and stages are autotuned (:func:`kernel_configs`,
+the first time each head dim / RoPE form / dtype runs), or fixed for a block of
+code with :func:`fixed_config`.
 """
+import contextlib
 import os
+from typing import Iterator, List, Optional
 
+import torch
 import triton
 import triton.language as tl
 
+from .common import MAX_QUERY_EXPONENT, SHIFT_FREE_PRODUCT_EXPONENT
+
 __all__ = [
     'INTERPRET', 'NUM_QUADS', 'NUM_STREAMS', 'MAX_BLOCK_N', 'INTERPRET_CHUNK_LEN', 'KERNELS', 'IO_POINTERS',
-    'block_d', 'fwd_state_kernel', 'fwd_out_kernel', 'bwd_state_kernel', 'bwd_query_kernel',
-    'bwd_key_value_kernel'
+    'SCALE_SLOTS', 'GPU_CONFIG_SHAPES', 'block_d', 'kernel_configs', 'fixed_config', 'fwd_state_kernel',
+    'fwd_out_kernel', 'bwd_state_kernel', 'bwd_query_kernel', 'bwd_key_value_kernel'
 ]
 
 #: kernels run by the Triton interpreter on CPU tensors (fixed when triton is imported)
@@ -86,6 +106,15 @@ NUM_STREAMS = 2        # same-polarity, opposite-polarity
 MAX_BLOCK_N = 128      # largest token tile of the GPU configs; chunk lengths are multiples of it
 _INTERPRET_BLOCK_N = 16
 INTERPRET_CHUNK_LEN = 32  # two tiles per chunk: the tests exercise the chunk loop and the reduction
+#: the quads of the ``(B h, 4, 4, BLOCK_D)`` scale tensor of the shifted kernels: key shifts ``b``,
+#: key divisors ``r``, the queries' log scale ``L = b + log r`` and ``log m''`` (``-inf`` where zero or padded)
+SCALE_SLOTS = dict(key_shift=0, key_divisor=1, log_scale=2, log_mean=3)
+_KEY_SHIFT: tl.constexpr = tl.constexpr(SCALE_SLOTS['key_shift'])
+_LOG_SCALE: tl.constexpr = tl.constexpr(SCALE_SLOTS['log_scale'])
+_LOG_MEAN: tl.constexpr = tl.constexpr(SCALE_SLOTS['log_mean'])
+_PRODUCT_EXPONENT: tl.constexpr = tl.constexpr(SHIFT_FREE_PRODUCT_EXPONENT)
+_MAX_QUERY_EXPONENT: tl.constexpr = tl.constexpr(MAX_QUERY_EXPONENT)
+_FP32_TINY: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).tiny)  # the floor of .common.shifted_eps
 
 
 def block_d(head_dim: int) -> int:
@@ -94,17 +123,61 @@ def block_d(head_dim: int) -> int:
 
 
 
-def _configs():
+#: ``(BLOCK_N, num_warps, num_stages)`` the autotuner tries on a GPU
+GPU_CONFIG_SHAPES = ((16, 4, 1), (32, 4, 1), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2), (128, 8, 2))
+#: most fp32 values of one ``(BLOCK_N, BLOCK_D)`` tile per thread: the kernels keep about a dozen
+#: such tiles live (quads of features, rotations, gradients), so larger tiles spill registers (and
+#: take minutes to build) at d = 96/128
+MAX_TILE_VALUES_PER_THREAD = 16
+
+
+def _fits(block_n: int, num_warps: int, block_width: int) -> bool:
+    return block_n * block_width <= MAX_TILE_VALUES_PER_THREAD * 32 * num_warps
+
+
+#: integer arguments Triton must not specialise on (``== 1``, divisibility): sizes used only in masks,
+#: loop bounds and index arithmetic; specialising would build the kernels again for every new N
+_SIZE_ARGS = ['seq_len', 'num_heads', 'rope_width', 'chunk_len']
+
+
+def kernel_configs(head_dim: Optional[int] = None) -> List[triton.Config]:
+    """The configurations the autotuner tries: one small one under the interpreter; on a GPU
+    :data:`GPU_CONFIG_SHAPES`, for ``head_dim`` those whose tiles fit the registers
+    (:data:`MAX_TILE_VALUES_PER_THREAD`)."""
     if INTERPRET:
         return [triton.Config({'BLOCK_N': _INTERPRET_BLOCK_N}, num_warps=1, num_stages=1)]
-    # (BLOCK_N, warps, stages): small tiles keep the quad-split tiles in registers at d = 96/128.
-    shapes = [(16, 4, 1), (32, 4, 1), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2), (128, 8, 2)]
-    return [triton.Config({'BLOCK_N': bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
+    shapes = [s for s in GPU_CONFIG_SHAPES if head_dim is None or _fits(s[0], s[1], block_d(head_dim))]
+    return [triton.Config({'BLOCK_N': bn}, num_warps=w, num_stages=st) for bn, w, st in shapes]
+
+
+def _prune_configs(configs, named_args, **meta):
+    """The autotuner's pruning hook: the configurations of :func:`kernel_configs` for this head dim."""
+    fitting = [c for c in configs if _fits(c.kwargs['BLOCK_N'], c.num_warps, meta['BLOCK_D'])]
+    return fitting or configs[:1]
 
 
 def _autotune(kernel):
     """Autotune ``BLOCK_N``/warps/stages per head dim, RoPE and dtypes (one config if interpreted)."""
-    return triton.autotune(configs=_configs(), key=['HEAD_DIM', 'HAS_ROPE', 'ROPE_GRID'])(kernel)
+    return triton.autotune(configs=kernel_configs(), key=['HEAD_DIM', 'HAS_ROPE', 'ROPE_GRID'],
+                           prune_configs_by=dict(early_config_prune=_prune_configs))(kernel)
+
+
+@contextlib.contextmanager
+def fixed_config(block_n: int = 32, num_warps: int = 4, num_stages: int = 1) -> Iterator[triton.Config]:
+    """Run every kernel with one configuration inside the block (no autotuning, one build per
+    specialisation): tests that sweep many shapes, and checks of each configuration in turn.
+
+    Not thread-safe (it swaps the configurations of the process-wide autotuners).
+    """
+    config = triton.Config({'BLOCK_N': block_n}, num_warps=num_warps, num_stages=num_stages)
+    saved = {name: kernel.configs for name, kernel in KERNELS.items()}
+    try:
+        for kernel in KERNELS.values():
+            kernel.configs = [config]
+        yield config
+    finally:
+        for name, kernel in KERNELS.items():
+            kernel.configs = saved[name]
 
 
 # ----------------------------------------------------------------------------
@@ -113,10 +186,28 @@ def _autotune(kernel):
 
 
 @triton.jit
+def _expm1_taylor(x):
+    """Degree-6 Taylor polynomial of ``exp(x) - 1`` (relative error < 1e-9 for ``0 <= x < 0.1``)."""
+    return x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0 + x * (1.0 / 720.0))))))
+
+
+@triton.jit
 def _expm1_nonneg(x):
-    """``exp(x) - 1`` for ``x >= 0``; degree-6 Taylor polynomial below 0.1 (rel. error < 1e-9)."""
-    taylor = x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0 + x * (1.0 / 720.0))))))
-    return tl.where(x < 0.1, taylor, tl.exp(x) - 1.0)
+    """``exp(x) - 1`` for ``x >= 0``; the Taylor polynomial below 0.1."""
+    return tl.where(x < 0.1, _expm1_taylor(x), tl.exp(x) - 1.0)
+
+
+@triton.jit
+def _expm1_scaled(x, offset):
+    """``exp(offset) (exp(x) - 1)`` for ``x >= 0`` as ``exp(x + offset) - exp(offset)`` (finite
+    wherever the result is; the Taylor polynomial times ``exp(offset)`` below 0.1).
+
+    Returns the value and ``exp(offset)`` (the derivative is their sum).
+    """
+    scale = tl.exp(offset)
+    small = scale * _expm1_taylor(tl.minimum(x, 0.1))  # (clamped: no overflow on the lanes not taken)
+    value = tl.where(x < 0.1, small, tl.maximum(tl.exp(x + offset) - scale, 0.0))
+    return value, scale
 
 
 @triton.jit
@@ -131,16 +222,27 @@ def _polar_features(x, t_pos, t_neg):
 
 
 @triton.jit
-def _polar_features_backward(x, f_pos, f_neg, g_pos, g_neg, t_pos, t_neg):
-    """Gradients through :func:`_polar_features`.
+def _scaled_polar_features(x, t_pos, t_neg, offset_pos, offset_neg):
+    """:func:`_polar_features` times ``exp(offset)`` of the active polarity (:func:`_expm1_scaled`).
 
-    ``d/dx (exp(t x) - 1) = t (f + 1)`` and ``d/dt = x (f + 1)`` on the active side.
+    Returns both features and the tile of ``exp(offset)`` of the active side.
+    """
+    is_pos = x > 0
+    feat, scale = _expm1_scaled(tl.abs(x) * tl.where(is_pos, t_pos, t_neg), tl.where(is_pos, offset_pos, offset_neg))
+    return tl.where(is_pos, feat, 0.0), tl.where(x < 0, feat, 0.0), scale
+
+
+@triton.jit
+def _polar_features_backward(x, f_pos, f_neg, g_pos, g_neg, t_pos, t_neg, scale):
+    """Gradients through :func:`_polar_features` (``scale = 1``) or :func:`_scaled_polar_features`.
+
+    ``d/dx (s (exp(t x) - 1)) = t (f + s)`` and ``d/dt = x (f + s)`` on the active side.
 
     Returns: ``dx`` ``(BLOCK_N, BLOCK_D)``, ``dt_pos`` and ``dt_neg`` ``(BLOCK_D,)``
     (summed over the tile's rows).
     """
-    g_pos = tl.where(x > 0, g_pos * (f_pos + 1.0), 0.0)   # dL/d(t_pos x+)
-    g_neg = tl.where(x < 0, g_neg * (f_neg + 1.0), 0.0)   # dL/d(t_neg x-)
+    g_pos = tl.where(x > 0, g_pos * (f_pos + scale), 0.0)   # dL/d(t_pos x+)
+    g_neg = tl.where(x < 0, g_neg * (f_neg + scale), 0.0)   # dL/d(t_neg x-)
     dx = g_pos * t_pos - g_neg * t_neg
     return dx, tl.sum(g_pos * x, axis=0), tl.sum(-g_neg * x, axis=0)
 
@@ -174,19 +276,68 @@ def _rotate_quads(f, rope, TRANSPOSED: tl.constexpr):
 
 
 @triton.jit
-def _key_features(k_even, k_odd):
-    """Key feature quad ``exp([k+, k-]) - 1`` (no temperature)."""
-    pe, ne = _polar_features(k_even, 1.0, 1.0)
-    po, no = _polar_features(k_odd, 1.0, 1.0)
-    return pe, po, ne, no
+def _key_features(k_even, k_odd, shifts, SHIFTED: tl.constexpr):
+    """Key feature quad ``exp([k+, k-]) - 1`` (no temperature), with ``SHIFTED`` ``exp([k+, k-] - b) - exp(-b)``.
+
+    ``shifts``: the quad of ``b`` (``(BLOCK_D,)`` vectors; unused without ``SHIFTED``).
+    Returns the quad and the ``exp(-b)`` tiles of the even and odd inputs (``1.0`` unshifted).
+    """
+    if SHIFTED:
+        pe, ne, scale_even = _scaled_polar_features(k_even, 1.0, 1.0, -shifts[0][None, :], -shifts[2][None, :])
+        po, no, scale_odd = _scaled_polar_features(k_odd, 1.0, 1.0, -shifts[1][None, :], -shifts[3][None, :])
+    else:
+        pe, ne = _polar_features(k_even, 1.0, 1.0)
+        po, no = _polar_features(k_odd, 1.0, 1.0)
+        scale_even = 1.0
+        scale_odd = 1.0
+    return (pe, po, ne, no), (scale_even, scale_odd)
 
 
 @triton.jit
-def _query_features(x_even, x_odd, t):
-    """Query feature quad ``exp([x+, x-] * t) - 1``; ``t`` is a quad of ``(BLOCK_D,)`` vectors."""
-    pe, ne = _polar_features(x_even, t[0][None, :], t[2][None, :])
-    po, no = _polar_features(x_odd, t[1][None, :], t[3][None, :])
-    return pe, po, ne, no
+def _query_shifts(x, t, log_scale, log_mean):
+    """``c`` per row of one stream (:func:`~.common.query_exponent_shifts`): ``(BLOCK_N,)``.
+
+    ``max(relu(max_c(z_c + L_c + log m_c) - 40), max_c(z_c + L_c) - 80)`` over
+    the stream's ``2d`` channels, ``z`` the exponents ``[x+, x-] * t`` (zero on
+    the inactive side); ``L`` and ``log m`` are ``-inf`` on padded channels.
+    """
+    exponents = (tl.where(x[0] > 0, x[0] * t[0][None, :], 0.0), tl.where(x[1] > 0, x[1] * t[1][None, :], 0.0),
+                 tl.where(x[0] < 0, -x[0] * t[2][None, :], 0.0), tl.where(x[1] < 0, -x[1] * t[3][None, :], 0.0))
+    scaled = exponents[0] + log_scale[0][None, :]
+    top_feature = tl.max(scaled, axis=1)
+    top_term = tl.max(scaled + log_mean[0][None, :], axis=1)
+    for j in tl.static_range(1, 4):
+        scaled = exponents[j] + log_scale[j][None, :]
+        top_feature = tl.maximum(top_feature, tl.max(scaled, axis=1))
+        top_term = tl.maximum(top_term, tl.max(scaled + log_mean[j][None, :], axis=1))
+    return tl.maximum(tl.maximum(top_term - _PRODUCT_EXPONENT, 0.0), top_feature - _MAX_QUERY_EXPONENT)
+
+
+@triton.jit
+def _query_features(x_even, x_odd, t, scales, SHIFTED: tl.constexpr):
+    """Query feature quad ``exp([x+, x-] * t) - 1``; ``t`` is a quad of ``(BLOCK_D,)`` vectors.
+
+    With ``SHIFTED`` (``scales``: the quads of ``L`` and ``log m``) the features
+    are ``exp([x+, x-] * t + L - c) - exp(L - c)`` with ``c`` from :func:`_query_shifts`.
+    Returns the quad, the ``exp(L - c)`` tiles of the even and odd inputs (``1.0``
+    unshifted) and the denominator's ``eps`` factor ``exp(-c)`` per row (``1.0`` unshifted).
+    """
+    if SHIFTED:
+        log_scale = scales[0]
+        shifts = _query_shifts((x_even, x_odd), t, log_scale, scales[1])
+        offset = -shifts[:, None]
+        pe, ne, scale_even = _scaled_polar_features(x_even, t[0][None, :], t[2][None, :],
+                                                    log_scale[0][None, :] + offset, log_scale[2][None, :] + offset)
+        po, no, scale_odd = _scaled_polar_features(x_odd, t[1][None, :], t[3][None, :],
+                                                   log_scale[1][None, :] + offset, log_scale[3][None, :] + offset)
+        eps_factor = tl.exp(-shifts)
+    else:
+        pe, ne = _polar_features(x_even, t[0][None, :], t[2][None, :])
+        po, no = _polar_features(x_odd, t[1][None, :], t[3][None, :])
+        scale_even = 1.0
+        scale_odd = 1.0
+        eps_factor = 1.0
+    return (pe, po, ne, no), (scale_even, scale_odd), eps_factor
 
 
 @triton.jit
@@ -291,6 +442,15 @@ def _load_vec_quad(base, offs_i, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _load_scale_quad(scale_ptr, bh, slot: tl.constexpr, offs_i, BLOCK_D: tl.constexpr, SHIFTED: tl.constexpr):
+    """Quad ``slot`` (:data:`SCALE_SLOTS`) of the scale tensor with ``SHIFTED``; zeros (unused) without."""
+    quad = _zeros_vec_quad(BLOCK_D)
+    if SHIFTED:
+        quad = _load_vec_quad(scale_ptr + (bh * 4 + slot) * 4 * BLOCK_D, offs_i, BLOCK_D)
+    return quad
+
+
+@triton.jit
 def _store_vec_quad(base, v, offs_i, BLOCK_D: tl.constexpr):
     for j in tl.static_range(4):
         tl.store(base + j * BLOCK_D + offs_i, v[j])
@@ -338,37 +498,46 @@ def _dot_quads(a, b, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr, state_ptr, mean_ptr, offs_i, mask_i,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr, state_ptr, mean_ptr, scale_ptr, offs_i,
+                     mask_i, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SHIFTED: tl.constexpr):
     """What one stream reads for a query tile.
 
     Returns ``(x_even, x_odd)`` (the signed query: the opposite stream sees
     ``-q``), the stream's temperature quad, its state quad ``S_s``
-    ``(BLOCK_D, BLOCK_D)`` x 4 and the key mean quad ``m``.
+    ``(BLOCK_D, BLOCK_D)`` x 4, the key mean quad ``m`` and (``SHIFTED``) the
+    quads of ``L`` and ``log m`` (zeros, unused, without).
     """
     sign = 1.0 - 2.0 * stream
     temps = _load_temps(temp_ptr, stream, head, num_heads, offs_i, mask_i, HEAD_DIM)
     state = _load_mat_quad(state_ptr + (bh * 2 + stream) * 4 * BLOCK_D * BLOCK_D, offs_i, BLOCK_D)
     mean = _load_vec_quad(mean_ptr + bh * 4 * BLOCK_D, offs_i, BLOCK_D)
-    return (q_even * sign, q_odd * sign), temps, state, mean
+    scales = (_load_scale_quad(scale_ptr, bh, _LOG_SCALE, offs_i, BLOCK_D, SHIFTED),
+              _load_scale_quad(scale_ptr, bh, _LOG_MEAN, offs_i, BLOCK_D, SHIFTED))
+    return (q_even * sign, q_odd * sign), temps, state, mean, scales
 
 
 @triton.jit
-def _query_stream(x, temps, state, mean, rope, mask_n, eps, HAS_ROPE: tl.constexpr,
-                  PRECISION: tl.constexpr):
+def _query_stream(x, temps, state, mean, scales, rope, mask_n, eps, HAS_ROPE: tl.constexpr,
+                  SHIFTED: tl.constexpr, PRECISION: tl.constexpr):
     """One stream over a ``(BLOCK_N, d)`` query tile (operands from :func:`_stream_operands`).
 
     Returns the feature quad ``phi_q``, its rotation ``R(phi_q)``, the numerator
-    ``R(phi_q) S_s`` ``(BLOCK_N, BLOCK_D)`` and the denominator
-    ``phi_q . m + eps`` ``(BLOCK_N,)`` (1 on rows past ``N``).
+    ``R(phi_q) S_s`` ``(BLOCK_N, BLOCK_D)``, the denominator
+    ``phi_q . m + eps`` ``(BLOCK_N,)`` (1 on rows past ``N``; with ``SHIFTED``
+    ``eps exp(-c)``, at least the smallest normal fp32 number when ``eps > 0``,
+    as :func:`~.common.shifted_eps`) and the features' ``exp(offset)`` tiles
+    (even, odd inputs) for the backward.
     """
-    feats = _query_features(x[0], x[1], temps)
-    den = tl.where(mask_n, _row_dot(feats, mean) + eps, 1.0)
+    feats, feat_scales, eps_factor = _query_features(x[0], x[1], temps, scales, SHIFTED)
+    eps_term = eps * eps_factor
+    if SHIFTED:
+        eps_term = tl.where(eps > 0, tl.maximum(eps_term, _FP32_TINY), eps_term)
+    den = tl.where(mask_n, _row_dot(feats, mean) + eps_term, 1.0)
     rotated = feats
     if HAS_ROPE:
         rotated = _rotate_quads(feats, rope, False)
     num = _dot_quads(rotated, state, tl.zeros_like(feats[0]), PRECISION)
-    return feats, rotated, num, den
+    return feats, rotated, num, den, feat_scales
 
 
 # ----------------------------------------------------------------------------
@@ -377,15 +546,16 @@ def _query_stream(x, temps, state, mean, rope, mask_n, eps, HAS_ROPE: tl.constex
 
 
 @_autotune
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS)
 def fwd_state_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
-                     rope_width, rope_stride_lo, rope_stride_hi, state_part_ptr, mean_part_ptr,
+                     rope_width, rope_stride_lo, rope_stride_hi, scale_ptr, state_part_ptr, mean_part_ptr,
                      seq_len, num_heads, chunk_len,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                     ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Phase 1: chunk partial sums of ``R(phi_k)^T v_s`` and ``phi_k``.
+                     ROPE_GRID: tl.constexpr, SHIFTED: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """Phase 1: chunk partial sums of ``R(phi_k)^T v_s`` and ``phi_k`` (shifted by ``b`` with ``SHIFTED``).
 
     Grid ``(num_chunks * 2, B * h)``. Writes ``state_part[bh, chunk, stream]``
     ``(4, BLOCK_D, BLOCK_D)`` and (stream 0) ``mean_part[bh, chunk]`` ``(4, BLOCK_D)``.
@@ -400,6 +570,8 @@ def fwd_state_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_pt
     offs_i = tl.arange(0, BLOCK_D)
     mask_i = offs_i < HEAD_DIM // 2
 
+    shifts = _load_scale_quad(scale_ptr, bh, _KEY_SHIFT, offs_i, BLOCK_D, SHIFTED)
+
     acc = _zeros_mat_quad(BLOCK_D)
     key_sum = _zeros_vec_quad(BLOCK_D)
     start = chunk * chunk_len
@@ -408,7 +580,7 @@ def fwd_state_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_pt
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < stop
         k_even, k_odd = _load_pair(k_base, offs_n, offs_i, mask_n, mask_i, stride_kn, stride_kd)
-        feats = _key_features(k_even, k_odd)
+        feats, _ = _key_features(k_even, k_odd, shifts, SHIFTED)
         key_sum = (key_sum[0] + tl.sum(feats[0], axis=0), key_sum[1] + tl.sum(feats[1], axis=0),
                    key_sum[2] + tl.sum(feats[2], axis=0), key_sum[3] + tl.sum(feats[3], axis=0))
         if HAS_ROPE:
@@ -428,14 +600,15 @@ def fwd_state_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_pt
 
 
 @_autotune
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS[:-1])
 def fwd_out_kernel(q_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
-                   rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr, o_ptr,
+                   rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr, scale_ptr, o_ptr,
                    seq_len, num_heads, eps,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_ob, stride_oh, stride_on, stride_od,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                   ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                   ROPE_GRID: tl.constexpr, SHIFTED: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     """Phase 2: ``o_s = R(phi_q) S_s / (phi_q . m + eps)`` for one token tile and stream.
 
     Grid ``(num_tiles * 2, B * h)``; writes channels ``[s d/2, (s+1) d/2)`` of ``o``.
@@ -453,9 +626,11 @@ def fwd_out_kernel(q_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_p
                                mask_n, mask_i, stride_qn, stride_qd)
     rope = _load_rope_or_placeholder(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, rope_stride_lo,
                                      rope_stride_hi, offs_n, offs_i, mask_n, mask_i, q_even, HAS_ROPE, ROPE_GRID)
-    x, temps, state, mean = _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr, state_ptr,
-                                             mean_ptr, offs_i, mask_i, HEAD_DIM, BLOCK_D)
-    _, _, num, den = _query_stream(x, temps, state, mean, rope, mask_n, eps, HAS_ROPE, PRECISION)
+    x, temps, state, mean, scales = _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr,
+                                                     state_ptr, mean_ptr, scale_ptr, offs_i, mask_i, HEAD_DIM,
+                                                     BLOCK_D, SHIFTED)
+    _, _, num, den, _ = _query_stream(x, temps, state, mean, scales, rope, mask_n, eps, HAS_ROPE, SHIFTED,
+                                      PRECISION)
     o_base = o_ptr + batch * stride_ob + head * stride_oh + stream * (HEAD_DIM // 2) * stride_od
     _store_cols(o_base, num / den[:, None], offs_n, offs_i, mask_n, mask_i, stride_on, stride_od)
 
@@ -466,15 +641,16 @@ def fwd_out_kernel(q_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_p
 
 
 @_autotune
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS)
 def bwd_state_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
-                     rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr,
+                     rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr, scale_ptr,
                      dstate_part_ptr, dmean_part_ptr,
                      seq_len, num_heads, chunk_len, eps,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_gb, stride_gh, stride_gn, stride_gd,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                     ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                     ROPE_GRID: tl.constexpr, SHIFTED: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
     """Chunk partial sums of ``dS_s = R(phi_q)^T dnum`` and ``dm_s = phi_q^T dden``.
 
     Grid ``(num_chunks * 2, B * h)``. Writes ``dstate_part[bh, chunk, stream]``
@@ -501,9 +677,11 @@ def bwd_state_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr
         rope = _load_rope_or_placeholder(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width,
                                          rope_stride_lo, rope_stride_hi, offs_n, offs_i, mask_n, mask_i, q_even,
                                          HAS_ROPE, ROPE_GRID)
-        x, temps, state, mean = _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr,
-                                                 state_ptr, mean_ptr, offs_i, mask_i, HEAD_DIM, BLOCK_D)
-        feats, rotated, num, den = _query_stream(x, temps, state, mean, rope, mask_n, eps, HAS_ROPE, PRECISION)
+        x, temps, state, mean, scales = _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr,
+                                                         state_ptr, mean_ptr, scale_ptr, offs_i, mask_i, HEAD_DIM,
+                                                         BLOCK_D, SHIFTED)
+        feats, rotated, num, den, _ = _query_stream(x, temps, state, mean, scales, rope, mask_n, eps, HAS_ROPE,
+                                                    SHIFTED, PRECISION)
         grad = _load_cols(do_base, offs_n, offs_i, mask_n, mask_i, stride_gn, stride_gd)
         dnum = grad / den[:, None]
         dden = -tl.sum(dnum * num, axis=1) / den
@@ -523,12 +701,15 @@ def bwd_state_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr
 
 @triton.jit
 def _query_stream_grad(q_even, q_odd, grad, stream, head, bh, num_heads, eps, temp_ptr, state_ptr,
-                       mean_ptr, rope, offs_i, mask_i, mask_n, HEAD_DIM: tl.constexpr,
-                       BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr, PRECISION: tl.constexpr):
+                       mean_ptr, scale_ptr, rope, offs_i, mask_i, mask_n, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr, SHIFTED: tl.constexpr,
+                       PRECISION: tl.constexpr):
     """One stream's contribution to ``dq`` (even, odd tiles) and its temperature-gradient quad."""
-    x, temps, state, mean = _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr, state_ptr,
-                                             mean_ptr, offs_i, mask_i, HEAD_DIM, BLOCK_D)
-    feats, _, num, den = _query_stream(x, temps, state, mean, rope, mask_n, eps, HAS_ROPE, PRECISION)
+    x, temps, state, mean, scales = _stream_operands(q_even, q_odd, stream, head, bh, num_heads, temp_ptr,
+                                                     state_ptr, mean_ptr, scale_ptr, offs_i, mask_i, HEAD_DIM,
+                                                     BLOCK_D, SHIFTED)
+    feats, _, num, den, feat_scales = _query_stream(x, temps, state, mean, scales, rope, mask_n, eps, HAS_ROPE,
+                                                    SHIFTED, PRECISION)
     dnum = grad / den[:, None]
     dden = -tl.sum(dnum * num, axis=1) / den
     # dR(phi_q) = dnum S_s^T, quad by quad.
@@ -541,24 +722,25 @@ def _query_stream_grad(q_even, q_odd, grad, stream, head, bh, num_heads, eps, te
     g = (g[0] + dden[:, None] * mean[0][None, :], g[1] + dden[:, None] * mean[1][None, :],
          g[2] + dden[:, None] * mean[2][None, :], g[3] + dden[:, None] * mean[3][None, :])
     dx_even, dt_pe, dt_ne = _polar_features_backward(x[0], feats[0], feats[2], g[0], g[2],
-                                                     temps[0][None, :], temps[2][None, :])
+                                                     temps[0][None, :], temps[2][None, :], feat_scales[0])
     dx_odd, dt_po, dt_no = _polar_features_backward(x[1], feats[1], feats[3], g[1], g[3],
-                                                    temps[1][None, :], temps[3][None, :])
+                                                    temps[1][None, :], temps[3][None, :], feat_scales[1])
     sign = 1.0 - 2.0 * stream
     return dx_even * sign, dx_odd * sign, (dt_pe, dt_po, dt_ne, dt_no)
 
 
 @_autotune
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS)
 def bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
-                     rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr,
+                     rope_width, rope_stride_lo, rope_stride_hi, state_ptr, mean_ptr, scale_ptr,
                      dq_ptr, dtemp_part_ptr,
                      seq_len, num_heads, chunk_len, eps,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_gb, stride_gh, stride_gn, stride_gd,
                      stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                     ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                     ROPE_GRID: tl.constexpr, SHIFTED: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
     """``dq`` (both streams) and chunk partial sums of the temperature gradients.
 
     Grid ``(num_chunks, B * h)``. Writes ``dq`` and ``dtemp_part[bh, chunk, stream]`` ``(4, BLOCK_D)``.
@@ -589,13 +771,13 @@ def bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr
         grad_opp = _load_cols(do_base + half * stride_gd, offs_n, offs_i, mask_n, mask_i,
                               stride_gn, stride_gd)
         dq_even, dq_odd, dt = _query_stream_grad(
-            q_even, q_odd, grad_same, 0, head, bh, num_heads, eps, temp_ptr, state_ptr, mean_ptr,
-            rope, offs_i, mask_i, mask_n, HEAD_DIM, BLOCK_D, HAS_ROPE, PRECISION)
+            q_even, q_odd, grad_same, 0, head, bh, num_heads, eps, temp_ptr, state_ptr, mean_ptr, scale_ptr,
+            rope, offs_i, mask_i, mask_n, HEAD_DIM, BLOCK_D, HAS_ROPE, SHIFTED, PRECISION)
         dtemp_same = (dtemp_same[0] + dt[0], dtemp_same[1] + dt[1],
                       dtemp_same[2] + dt[2], dtemp_same[3] + dt[3])
         dq_even_o, dq_odd_o, dt = _query_stream_grad(
-            q_even, q_odd, grad_opp, 1, head, bh, num_heads, eps, temp_ptr, state_ptr, mean_ptr,
-            rope, offs_i, mask_i, mask_n, HEAD_DIM, BLOCK_D, HAS_ROPE, PRECISION)
+            q_even, q_odd, grad_opp, 1, head, bh, num_heads, eps, temp_ptr, state_ptr, mean_ptr, scale_ptr,
+            rope, offs_i, mask_i, mask_n, HEAD_DIM, BLOCK_D, HAS_ROPE, SHIFTED, PRECISION)
         dtemp_opp = (dtemp_opp[0] + dt[0], dtemp_opp[1] + dt[1],
                      dtemp_opp[2] + dt[2], dtemp_opp[3] + dt[3])
         _store_pair(dq_base, dq_even + dq_even_o, dq_odd + dq_odd_o, offs_n, offs_i, mask_n, mask_i,
@@ -607,20 +789,22 @@ def bwd_query_kernel(q_ptr, do_ptr, temp_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr
 
 
 @_autotune
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS[:-1])
 def bwd_key_value_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr,
-                         rope_width, rope_stride_lo, rope_stride_hi, dstate_ptr, dmean_ptr, dk_ptr, dv_ptr,
-                         seq_len, num_heads,
+                         rope_width, rope_stride_lo, rope_stride_hi, scale_ptr, dstate_ptr, dmean_ptr, dk_ptr,
+                         dv_ptr, seq_len, num_heads,
                          stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd,
                          stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                          stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr,
-                         ROPE_GRID: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                         ROPE_GRID: tl.constexpr, SHIFTED: tl.constexpr, PRECISION: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     """``dk`` and ``dv`` for one token tile.
 
     ``dstate`` holds ``dS_s / N`` ``(B h, 2, 4, BLOCK_D, BLOCK_D)``, ``dmean`` holds
-    ``dm / N`` ``(B h, 4, BLOCK_D)``. Grid ``(num_tiles, B * h)``.
+    ``dm / N`` ``(B h, 4, BLOCK_D)`` (with ``SHIFTED`` the gradients of the
+    shifted sums, already divided by the key divisors ``r``). Grid ``(num_tiles, B * h)``.
     """
     tile = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64: bh * stride must not overflow
@@ -635,7 +819,8 @@ def bwd_key_value_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_h
 
     k_even, k_odd = _load_pair(k_ptr + batch * stride_kb + head * stride_kh, offs_n, offs_i,
                                mask_n, mask_i, stride_kn, stride_kd)
-    feats = _key_features(k_even, k_odd)
+    shifts = _load_scale_quad(scale_ptr, bh, _KEY_SHIFT, offs_i, BLOCK_D, SHIFTED)
+    feats, feat_scales = _key_features(k_even, k_odd, shifts, SHIFTED)
     rope = _load_rope_or_placeholder(sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_hi_ptr, rope_width, rope_stride_lo,
                                      rope_stride_hi, offs_n, offs_i, mask_n, mask_i, k_even, HAS_ROPE, ROPE_GRID)
     rotated = feats
@@ -661,8 +846,8 @@ def bwd_key_value_kernel(k_ptr, v_ptr, sin_lo_ptr, cos_lo_ptr, sin_hi_ptr, cos_h
     dmean = _load_vec_quad(dmean_ptr + bh * 4 * BLOCK_D, offs_i, BLOCK_D)
     g = (g[0] + dmean[0][None, :], g[1] + dmean[1][None, :],
          g[2] + dmean[2][None, :], g[3] + dmean[3][None, :])
-    dk_even, _, _ = _polar_features_backward(k_even, feats[0], feats[2], g[0], g[2], 1.0, 1.0)
-    dk_odd, _, _ = _polar_features_backward(k_odd, feats[1], feats[3], g[1], g[3], 1.0, 1.0)
+    dk_even, _, _ = _polar_features_backward(k_even, feats[0], feats[2], g[0], g[2], 1.0, 1.0, feat_scales[0])
+    dk_odd, _, _ = _polar_features_backward(k_odd, feats[1], feats[3], g[1], g[3], 1.0, 1.0, feat_scales[1])
     _store_pair(dk_ptr + batch * stride_dkb + head * stride_dkh, dk_even, dk_odd, offs_n, offs_i,
                 mask_n, mask_i, stride_dkn, stride_dkd)
 
