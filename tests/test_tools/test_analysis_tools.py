@@ -149,6 +149,17 @@ def test_benchmark_attention_tool(tmp_path, capsys, rope_form):
     assert_png(str(tmp_path / 'benchmark_attention.png'))
 
 
+def test_benchmark_attention_shapes_add_cells(tmp_path):
+    """--shapes BxHxN cells come after the sweep; a malformed one is refused naming the option."""
+    tool = load_tool('tools/analysis_tools/benchmark_attention.py')
+    results = tool.main(['--device', 'cpu', '--seq-lens', '32', '--head-dims', '8', '--backends', 'pola-torch',
+                         '--shapes', '2x2x48', '--repeat', '1', '--warmup', '0', '--no-isolate', '--out-dir', ''])
+    assert [(r['batch'], r['heads'], r['seq_len']) for r in results] == [(1, 1, 32), (2, 2, 48)]
+    assert all(r['status'] == 'ok' for r in results)
+    with pytest.raises(SystemExit):
+        tool.parse_args(['--shapes', '2x48'])
+
+
 # --------------------------------------------------------------------------- model zoo
 def test_model_index_lists_every_task_and_dry_run(capsys, tmp_path):
     tool = load_tool('tools/model_zoo/check_results.py')

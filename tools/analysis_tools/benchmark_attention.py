@@ -19,10 +19,16 @@ plot of time and memory against N. While the cells run, a progress bar over
 them goes to stderr when it is a terminal (``--no-progress`` or
 ``POLAPP_NO_PROGRESS=1``: none); the table goes to stdout.
 
+Besides the sweep over ``--batch-sizes x --heads x --seq-lens``, ``--shapes``
+adds single ``(B, h, N)`` cells, e.g. the stages of a model at its input size.
+
 Examples::
 
     python tools/analysis_tools/benchmark_attention.py --device cpu --seq-lens 256 1024 --repeat 3
     python tools/analysis_tools/benchmark_attention.py --dtypes bf16 --seq-lens 4096 16384 65536 200704
+    # + PolaFormer++-b2 stages 1 and 2 in Mask R-CNN at 1280x800, two images
+    python tools/analysis_tools/benchmark_attention.py --backends pola-triton sdpa pola-torch \
+        --seq-lens 4096 65536 200704 --shapes 2x1x64000 2x2x16000 --backward
 """
 import argparse
 import csv
@@ -56,6 +62,14 @@ DEFAULT_SEQ_LENS = (1024, 4096, 16384, 65536, 131072, 200704)
 CPU_DEFAULT_SEQ_LENS = (256, 1024, 4096)
 
 
+def shape_triple(text):
+    """argparse type: ``BxHxN`` (batch, heads, tokens), each a positive integer, e.g. ``2x1x64000``."""
+    parts = text.lower().split('x')
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f'must be BxHxN (batch x heads x tokens), e.g. 2x1x64000, got {text!r}')
+    return tuple(positive_int(p) for p in parts)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Benchmark pola_attention against SDPA and naive code')
     parser.add_argument('--device', type=torch_device, default='cuda' if torch.cuda.is_available() else 'cpu',
@@ -65,6 +79,8 @@ def parse_args(argv=None):
                              f'{CPU_DEFAULT_SEQ_LENS} on CPU)')
     parser.add_argument('--batch-sizes', type=positive_int, nargs='+', default=[1])
     parser.add_argument('--heads', type=positive_int, nargs='+', default=[1])
+    parser.add_argument('--shapes', type=shape_triple, nargs='+', default=[], metavar='BxHxN',
+                        help='extra (batch, heads, tokens) cells besides the sweep, e.g. 2x1x64000')
     parser.add_argument('--head-dims', type=positive_multiple_of(4, '2-D RoPE'), nargs='+', default=[64])
     parser.add_argument('--dtypes', nargs='+', choices=sorted(DTYPES), default=None,
                         help='default: fp32 on CPU, bf16 on CUDA')
@@ -451,6 +467,8 @@ def main(argv=None):
     isolate = not cuda and not args.no_isolate
     grid = list(itertools.product(args.dtypes, args.batch_sizes, args.heads, args.head_dims, args.seq_lens,
                                   backends))
+    grid += [(dtype_name, batch, heads, head_dim, seq_len, backend) for dtype_name, (batch, heads, seq_len), head_dim,
+             backend in itertools.product(args.dtypes, args.shapes, args.head_dims, backends)]
     with ProgressBar(len(grid), f'{len(grid)} cells', enabled=progress_from_args(args)) as bar:
         for dtype_name, batch, heads, head_dim, seq_len, backend in grid:
             cell = dict(backend=backend, dtype=dtype_name, batch=batch, heads=heads, head_dim=head_dim,
