@@ -123,6 +123,21 @@ inline bool pairs_share_angles(const float* sin, const float* cos, int64_t d) {
     return paired;
 }
 
+// The rest of a key row once its features (2d) are built: their sum into
+// feature_sum and R(phi) into out (phi itself without rope); false when a RoPE
+// pair holds two different angles.
+inline bool finish_key_row(const float* feature, const RopeRows* rope, int64_t d, float* feature_sum,
+                           float* out) {
+    for (int64_t j = 0; j < 2 * d; ++j) feature_sum[j] += feature[j];
+    if (rope == nullptr) {
+        std::memcpy(out, feature, 2 * d * sizeof(float));
+        return true;
+    }
+    rotate_half(feature, rope->sin_lo, rope->cos_lo, d, 1.0f, out);
+    rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, 1.0f, out + d);
+    return pairs_share_angles(rope->sin_lo, rope->cos_lo, d) && pairs_share_angles(rope->sin_hi, rope->cos_hi, d);
+}
+
 // One token of the key map: phi = [exp(k+) - 1, exp(k-) - 1] (2d), its sum
 // into `feature_sum` and R(phi) into `out` (phi itself without `rope`).
 // Returns false when a RoPE pair holds two different angles.
@@ -136,14 +151,7 @@ bool key_row(const float* k, const RopeRows* rope, int64_t d, float* feature, fl
         feature[j] = !(x <= 0.0f) ? e : 0.0f;
         feature[d + j] = !(x >= 0.0f) ? e : 0.0f;
     }
-    for (int64_t j = 0; j < 2 * d; ++j) feature_sum[j] += feature[j];
-    if (rope == nullptr) {
-        std::memcpy(out, feature, 2 * d * sizeof(float));
-        return true;
-    }
-    rotate_half(feature, rope->sin_lo, rope->cos_lo, d, 1.0f, out);
-    rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, 1.0f, out + d);
-    return pairs_share_angles(rope->sin_lo, rope->cos_lo, d) && pairs_share_angles(rope->sin_hi, rope->cos_hi, d);
+    return finish_key_row(feature, rope, d, feature_sum, out);
 }
 
 // One token of both query maps. Stream s (0 same, 1 opposite) has the signed
@@ -198,14 +206,7 @@ bool shifted_key_row(const float* k, const float* shift, const float* floor, con
         feature[j] = !(x <= 0.0f) ? e : 0.0f;
         feature[d + j] = !(x >= 0.0f) ? e : 0.0f;
     }
-    for (int64_t j = 0; j < 2 * d; ++j) feature_sum[j] += feature[j];
-    if (rope == nullptr) {
-        std::memcpy(out, feature, 2 * d * sizeof(float));
-        return true;
-    }
-    rotate_half(feature, rope->sin_lo, rope->cos_lo, d, 1.0f, out);
-    rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, 1.0f, out + d);
-    return pairs_share_angles(rope->sin_lo, rope->cos_lo, d) && pairs_share_angles(rope->sin_hi, rope->cos_hi, d);
+    return finish_key_row(feature, rope, d, feature_sum, out);
 }
 
 // query_row with the keys' log scale L and log m'' per signed-temperature row
