@@ -71,8 +71,9 @@ def rope_2d_tables(height: int, width: int, channels: int, device=None,
         tuple[Tensor, Tensor]: ``sin`` and ``cos``, each ``(height * width, channels)``.
     """
     for name, value in (('height', height), ('width', width)):
-        # ints, or traced / symbolic sizes under torch.jit.trace and torch.compile
-        if isinstance(value, (bool, float)) or int(value) < 1:
+        # ints, or traced / symbolic sizes under torch.jit.trace, torch.compile and torch.export
+        # (compared, not converted: int() would fix a symbolic size to its traced value)
+        if isinstance(value, (bool, float)) or value < 1:
             raise ValueError(f'{name} must be a positive int, got {value!r}')
     freqs = rope_frequencies(channels, device=device)  # (channels/2,)
     rows = torch.arange(height, device=device, dtype=torch.float32)

@@ -65,9 +65,10 @@ def test_fp32_outputs_match_float64_at_any_magnitude(backend, use_rope, scale):
 
 
 def gradient_tolerance(scale):
-    """fp32 rounding of an exponent of size ``s`` is ``~s * 6e-8`` relative in ``exp``; the query
-    gradients, differences of such terms, reach ~1.3e-4 of their largest value at ``s = 100``."""
-    return 1e-4 if scale <= 30 else 3e-4
+    """fp32 rounding of an exponent of size ``s`` is ``~s * 6e-8`` relative in ``exp``; the query and
+    temperature gradients, differences of such terms summed over the tokens, reach 1e-4 to 5e-4 of
+    their largest value at ``s = 100`` depending on the order of summation."""
+    return 1e-4 if scale <= 30 else 1e-3
 
 
 @pytest.mark.parametrize('use_rope', [False, True])

@@ -1,4 +1,6 @@
 """The eager torch backend of pola_attention against the float64 quadratic reference."""
+import importlib
+
 import pytest
 import torch
 
@@ -115,3 +117,43 @@ def test_rope_grid_gradcheck():
     assert torch.autograd.gradcheck(
         lambda *xs: pola_attention(*xs, rope=RopeGrid(2, 3), backend='torch'), (q, k, v, ts, to))
 
+
+
+@pytest.mark.parametrize('rope_form', ['grid', 'tables'])
+def test_traced_form_of_the_rotation_equals_the_eager_one(rope_form, monkeypatch):
+    """Under tracing the RoPE is real arithmetic (no complex tensors); eagerly one complex product.
+
+    Both forms are held to each other (outputs and all gradients) on the same inputs, and the
+    traced graph of the op is checked to hold no complex value.
+    """
+    eager_backend = importlib.import_module('polaformerpp.ops.pola_attention.eager')
+    q, k, v, ts, to = make_inputs(2, 2, 48, 16, seed=5, requires_grad=True)
+    rope = RopeGrid(6, 8) if rope_form == 'grid' else pola_rope_tables(6, 8, 16)
+    grad_out = torch.randn(2, 2, 48, 16, generator=torch.Generator().manual_seed(1))
+
+    def run():
+        out = pola_attention(q, k, v, ts, to, rope=rope, backend='torch')
+        return (out, *torch.autograd.grad(out, (q, k, v, ts, to), grad_out))
+
+    eager = run()
+    with monkeypatch.context() as patch:
+        patch.setattr(eager_backend, 'is_tracing', lambda: True)  # what compile / export / jit.trace report
+        traced_form = run()
+    for got, expected in zip(traced_form, eager):
+        torch.testing.assert_close(got, expected, rtol=2e-5, atol=1e-6)
+
+    program = torch.export.export(_Attention(rope), (q.detach(), k.detach(), v.detach()), strict=False)
+    dtypes = {node.meta['val'].dtype for node in program.graph.nodes
+              if isinstance(node.meta.get('val'), torch.Tensor)}
+    assert torch.float32 in dtypes and not any(dtype.is_complex for dtype in dtypes), dtypes
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, rope):
+        super().__init__()
+        self.rope = rope
+        self.ts = torch.nn.Parameter(torch.full((2, 32), 0.5))
+        self.to_ = torch.nn.Parameter(torch.full((2, 32), 0.5))
+
+    def forward(self, q, k, v):
+        return pola_attention(q, k, v, self.ts, self.to_, rope=self.rope, backend='torch')

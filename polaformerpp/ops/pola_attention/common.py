@@ -231,10 +231,11 @@ def check_rope(rope: Rope, num_tokens: int, head_dim: int) -> None:
     """Raise unless ``rope`` is one of the accepted forms and fits ``N`` tokens of head dim ``d``."""
     if isinstance(rope, RopeGrid):
         for name, value in zip(('height', 'width'), rope):
-            # ints, or traced / symbolic sizes under torch.jit.trace and torch.compile
-            if isinstance(value, (bool, float)) or int(value) < 1:
+            # ints, or traced / symbolic sizes under torch.jit.trace, torch.compile and torch.export
+            # (compared, not converted: int() would fix a symbolic size to its traced value)
+            if isinstance(value, (bool, float)) or value < 1:
                 raise ValueError(f'rope.{name} (RopeGrid) must be a positive int, got {value!r}')
-        if int(rope.height) * int(rope.width) != num_tokens:
+        if rope.height * rope.width != num_tokens:
             raise ValueError(f'rope=RopeGrid({rope.height}, {rope.width}) covers '
                              f'{rope.height * rope.width} tokens, q has N={num_tokens}')
     elif rope is not None:

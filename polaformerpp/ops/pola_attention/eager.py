@@ -4,7 +4,7 @@ Differentiable (autograd through plain torch ops), any floating dtype, and
 what torch.compile, torch.jit.trace and the FLOP counter see. The method is
 written out in the package docstring.
 """
-from typing import Callable, Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +30,6 @@ from .common import (
 )
 
 __all__ = ['pola_attention_torch']
-
-#: ``(cos, sin)`` of the channel pairs of a chunk's tokens, each ``(n, d)``
-Rotation = Tuple[Tensor, Tensor]
-
 
 def _spiky(x: Tensor) -> Tensor:
     """``exp(relu(x)) - 1`` in two passes: ``softshrink(exp(x), 1)``.
@@ -90,59 +86,105 @@ def _shifted_query_features(exponents: Tensor, log_rows: Tensor, query_shifts: T
     return (torch.exp(x + offsets) * -torch.expm1(-x)).flatten(-2).unflatten(-1, (2, -1))
 
 
-def _pair_angles(sin: Tensor, cos: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    """``(rows, c)`` tables -> ``(cos, sin)`` ``(rows, c/2)``, one angle per channel pair."""
-    return cos[:, 0::2].to(dtype), sin[:, 0::2].to(dtype)
+def _swap_pairs(x: Tensor) -> Tensor:
+    """Exchange channels ``2i`` and ``2i + 1`` of ``(..., 2c)``."""
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack([pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
 
 
-def _rotation_source(rope: Optional[RopeHalves], dtype: torch.dtype) -> Optional[Callable[[int, int], Rotation]]:
-    """``rotation(start, stop)``: ``(cos, sin)`` ``(stop - start, d)`` of those tokens' channel pairs.
+class _PairRotation(torch.autograd.Function):
+    """``R(x) = x * cos + swap(x) * sin_signed`` in real arithmetic, the inverse rotation as its backward.
 
-    Slices and broadcasts only (no gathers, nothing data-dependent), so tracing
-    and export see static shapes. A grid is read in whole rows of tokens: the
-    chunks start and stop at multiples of its width (:func:`_grid_chunk_size`)
-    and a chunk's row angles are its rows of the row table, broadcast over
-    the columns. ``(N, d)`` table halves are read chunk by chunk.
+    ``sin_signed`` is ``(-sin, sin)`` per pair, so a pair ``(x0, x1)`` becomes
+    ``(x0 cos - x1 sin, x1 cos + x0 sin)``. Autograd of the same expression
+    would build its backward from the swap's stack and selects (zero-filled
+    scatters); the transpose of a rotation is the rotation by the opposite
+    angle, ``g * cos - swap(g) * sin_signed``, as cheap as the forward. The
+    angle tables are constants (RoPE buffers): they get no gradient.
     """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin_signed)
+        return torch.addcmul(x * cos, _swap_pairs(x), sin_signed)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin_signed = ctx.saved_tensors
+        return torch.addcmul(grad * cos, _swap_pairs(grad), sin_signed, value=-1), None, None
+
+
+def _chunk_table(lo: Tensor, hi: Tensor, grid_width: int, start: int, stop: int) -> Tensor:
+    """Tokens ``[start, stop)``'s rows of the two table halves, joined along the last (channel) axis.
+
+    ``lo``/``hi``: ``(rows, ..., c)``. On a grid (``grid_width > 0``) the chunk is
+    whole grid rows: its row angles are its rows of ``lo`` broadcast over the
+    columns, and ``hi`` (the column angles) repeats for every row. Slices and
+    broadcasts only (no gathers, nothing data-dependent), so tracing and
+    export see static shapes.
+    """
+    if not grid_width:
+        return torch.cat([lo[start:stop], hi[start:stop]], dim=-1)
+    rows, first = (stop - start) // grid_width, start // grid_width
+    lo_rows = lo[first:first + rows, None].expand(rows, grid_width, *lo.shape[1:])
+    hi_rows = hi[None, :grid_width].expand(rows, grid_width, *hi.shape[1:])
+    return torch.cat([lo_rows, hi_rows], dim=-1).flatten(0, 1)
+
+
+class _RealRotation:
+    """RoPE of a chunk's features in real arithmetic (what tracing, export and compile see)."""
+
+    def __init__(self, rope: RopeHalves, dtype: torch.dtype):
+        self.grid_width = rope.grid_width
+        self.lo, self.hi = (self._table(sin, cos, dtype) for sin, cos in ((rope.sin_lo, rope.cos_lo),
+                                                                          (rope.sin_hi, rope.cos_hi)))
+
+    @staticmethod
+    def _table(sin: Tensor, cos: Tensor, dtype: torch.dtype) -> Tensor:
+        """``(rows, c)`` tables -> ``(rows, 2, c)`` ``[cos, sin_signed]``, ``sin_signed = (-sin, sin)`` per pair."""
+        sin_signed = torch.stack([-sin[:, 0::2], sin[:, 1::2]], dim=-1).flatten(-2)
+        return torch.stack([cos, sin_signed], dim=1).to(dtype)
+
+    def __call__(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """``x``: ``(B, h, n, [streams,] 2d)`` of tokens ``[start, stop)``, rotated."""
+        table = _chunk_table(self.lo, self.hi, self.grid_width, start, stop)  # (n, 2, 2d)
+        cos, sin_signed = table[:, 0], table[:, 1]
+        if x.dim() == 5:  # (B, h, n, 2, 2d): both query streams take their token's angles
+            cos, sin_signed = cos[:, None], sin_signed[:, None]
+        return _PairRotation.apply(x, cos, sin_signed)
+
+
+class _ComplexRotation(_RealRotation):
+    """The same rotation as one complex product ``(x0 + i x1) * (cos + i sin)`` per pair.
+
+    One fused kernel where the real form takes several passes: the eager
+    backend's choice outside tracing. (Complex tensors do not export to ONNX
+    and trouble torch.compile, so traced graphs use :class:`_RealRotation`.)
+    """
+
+    @staticmethod
+    def _table(sin: Tensor, cos: Tensor, dtype: torch.dtype) -> Tensor:
+        """``(rows, c)`` tables -> unit complex numbers ``(rows, c/2)``, one per channel pair."""
+        return torch.complex(cos[:, 0::2].to(dtype), sin[:, 0::2].to(dtype))
+
+    def __call__(self, x: Tensor, start: int, stop: int) -> Tensor:
+        rotation = _chunk_table(self.lo, self.hi, self.grid_width, start, stop)  # (n, d)
+        if x.dim() == 5:
+            rotation = rotation[:, None]
+        pairs = torch.view_as_complex(x.contiguous().unflatten(-1, (-1, 2)))
+        return torch.view_as_real(pairs * rotation).flatten(-2)
+
+
+def _rotation(rope: Optional[RopeHalves], dtype: torch.dtype) -> Optional[_RealRotation]:
+    """The rotation of a call: none, the complex product in eager mode, real arithmetic under tracing."""
     if rope is None:
         return None
-    lo_cos, lo_sin = _pair_angles(rope.sin_lo, rope.cos_lo, dtype)
-    hi_cos, hi_sin = _pair_angles(rope.sin_hi, rope.cos_hi, dtype)
-    if rope.grid_width:
-        width = rope.grid_width
-
-        def rotation(start, stop):
-            rows = (stop - start) // width
-            first = start // width
-            angles = []
-            for lo, hi in ((lo_cos, hi_cos), (lo_sin, hi_sin)):
-                lo_rows = lo[first:first + rows, None, :].expand(rows, width, lo.shape[-1])
-                hi_rows = hi[None, :width, :].expand(rows, width, hi.shape[-1])
-                angles.append(torch.cat([lo_rows, hi_rows], dim=-1).flatten(0, 1))
-            return angles[0], angles[1]
-        return rotation
-
-    def rotation(start, stop):
-        return (torch.cat([lo_cos[start:stop], hi_cos[start:stop]], dim=-1),
-                torch.cat([lo_sin[start:stop], hi_sin[start:stop]], dim=-1))
-    return rotation
+    return _RealRotation(rope, dtype) if is_tracing() else _ComplexRotation(rope, dtype)
 
 
 def _grid_chunk_size(chunk_size: int, grid_width: int) -> int:
     """``chunk_size`` rounded to whole grid rows (at least one row)."""
     return max(grid_width, chunk_size // grid_width * grid_width)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE of channel pairs in real arithmetic: ``(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)``.
-
-    Args:
-        x: ``(..., 2c)``.
-        cos, sin: broadcastable to ``(..., c)``, one angle per pair.
-    """
-    pairs = x.unflatten(-1, (-1, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2)
 
 
 def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
@@ -165,9 +207,10 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     the inactive polarity is exactly zero). Where some exponent may leave the
     shift-free range (:func:`~.common.needs_exponent_shift`), both passes use
     the exponent shifts of :mod:`.common` instead: the same output, finite for
-    any finite input. The RoPE rotation is real arithmetic on channel pairs,
-    its angles sliced and broadcast (no complex tensors, no gathers), so
-    tracing, ONNX export and torch.compile see plain tensor ops.
+    any finite input. The RoPE angles of a chunk are sliced and broadcast
+    (no gathers); the rotation is one complex product per channel pair, and
+    under tracing real arithmetic (no complex tensors), so ONNX export and
+    torch.compile see plain real tensor ops.
     Temperatures must be non-negative and RoPE tables must give both channels
     of a pair the same angle (both checked here, except under torch.compile or
     torch.jit.trace).
@@ -192,10 +235,14 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     if not is_tracing():
         check_temperatures(temp_same, temp_opp)
         check_rope_pairs(rope)
-    if rope is not None and rope.grid_width:
-        chunk_size = _grid_chunk_size(chunk_size, rope.grid_width)
-    rotation = _rotation_source(rope, dtype)
-    chunks = token_chunks(num_tokens, chunk_size)
+    rotate = _rotation(rope, dtype)
+    if is_tracing():
+        # one chunk: a Python loop over a symbolic token count would fix it (and H, W) in the graph
+        chunks = [(0, num_tokens)]
+    else:
+        if rope is not None and rope.grid_width:
+            chunk_size = _grid_chunk_size(chunk_size, rope.grid_width)
+        chunks = token_chunks(num_tokens, chunk_size)
     # exponent shifts (see .common) only where some exponent may leave the shift-free range
     pairs = rope is not None  # rotated features need one shift per channel pair
     key_shifts = key_exponent_shifts(k, pairs) if needs_exponent_shift(q, k, temp_same, temp_opp) else None
@@ -206,8 +253,8 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
         k_chunk = k[..., start:stop, :]
         phi_k = _key_features(k_chunk) if key_shifts is None else _shifted_key_features(k_chunk, key_shifts)
         key_sum = key_sum + phi_k.sum(dim=-2)  # (B, h, 2d)
-        if rotation is not None:
-            phi_k = _rotate(phi_k, *rotation(start, stop))
+        if rotate is not None:
+            phi_k = rotate(phi_k, start, stop)
         state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
     key_mean = key_sum / num_tokens  # (B, h, 2d)
@@ -232,11 +279,10 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
             phi_q = _shifted_query_features(exponents, log_rows, query_shifts)
             eps_term = shifted_eps(eps, query_shifts)[..., None]  # (B, h, n, 2, 1)
         den = phi_q @ key_mean + eps_term  # (B, h, n, 2, 1)
-        if rotation is not None:
-            # rebuilt rather than kept from pass 1: (N, d) tables per call would cost
-            # more in fresh memory than rebuilding a chunk's angles costs
-            cos, sin = rotation(start, stop)
-            phi_q = _rotate(phi_q, cos[:, None, :], sin[:, None, :])
+        if rotate is not None:
+            # angles rebuilt rather than kept from pass 1: (N, d) tables per call would
+            # cost more in fresh memory than rebuilding a chunk's angles costs
+            phi_q = rotate(phi_q, start, stop)
         num = torch.stack([phi_q[..., 0, :] @ state_same, phi_q[..., 1, :] @ state_opp], dim=-2)
         out[..., start:stop, :] = (num / den).flatten(-2)  # (B, h, n, dv)
     return out.to(out_dtype)
