@@ -11,7 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['relative_position_index', 'window_partition', 'window_merge', 'ShiftedWindowAttention']
+from polaformerpp.ops.pola_attention.common import is_tracing
+
+__all__ = ['relative_position_index', 'padded_size', 'window_partition', 'window_merge', 'ShiftedWindowAttention']
 
 _MASKED = -1e4  # additive logit for forbidden (query, key) pairs; finite, fp16-safe
 
@@ -38,16 +40,27 @@ def window_merge(windows: Tensor, window: int, height: int, width: int) -> Tenso
     return x.permute(0, 1, 3, 2, 4, 5).reshape(B, height, width, C)
 
 
+def padded_size(size: int, window: int) -> int:
+    """``size`` rounded up to a multiple of ``window``, written as ``windows * window``.
+
+    (The product form keeps traced sizes simple: the windows of a padded side
+    are ``padded // window`` exactly, which the tracer can prove.)
+    """
+    return (size + window - 1) // window * window
+
+
 def _window_mask(height: int, width: int, window: int, shift: int, device) -> Tensor:
     """Additive ``(nW, 1, n, n)`` mask over the padded, rolled map, or ``None`` if nothing is masked.
 
     A (query, key) pair is allowed when both lie in the same wrap-around
-    region and the key is a real (not padded) token.
+    region and the key is a real (not padded) token. Under tracing (export,
+    torch.compile) the mask is always built (all zeros when nothing is
+    masked), so the graph does not depend on whether the size is a multiple
+    of the window.
     """
-    pad_h, pad_w = -height % window, -width % window
-    if shift == 0 and pad_h == 0 and pad_w == 0:
+    hp, wp = padded_size(height, window), padded_size(width, window)
+    if shift == 0 and not is_tracing() and hp == height and wp == width:
         return None
-    hp, wp = height + pad_h, width + pad_w
     rows = torch.arange(hp, device=device)
     cols = torch.arange(wp, device=device)
     # region label: 1 for the first `shift` rows/cols (they wrap to the end when rolled)
@@ -108,21 +121,24 @@ class ShiftedWindowAttention(nn.Module):
         """``(B, H, W, C) -> (B, H, W, C)`` for any H, W >= 1."""
         B, H, W, C = x.shape
         w, s, h = self.window_size, self.shift_size, self.num_heads
-        qkv = F.pad(self.qkv(x), (0, 0, 0, -W % w, 0, -H % w))  # (B, Hp, Wp, 3C)
-        Hp, Wp = qkv.shape[1:3]
+        Hp, Wp = padded_size(H, w), padded_size(W, w)
+        qkv = F.pad(self.qkv(x), (0, 0, 0, Wp - W, 0, Hp - H))  # (B, Hp, Wp, 3C)
         if s:
             qkv = torch.roll(qkv, (-s, -s), dims=(1, 2))
         windows = window_partition(qkv, w)  # (B, nW, n, 3C)
         nW, n = windows.shape[1:3]
-        q, k, v = windows.reshape(B, nW, n, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)  # (B, nW, h, n, d)
+        # the windows ride along the heads: 4-D attention, which every exporter translates
+        q, k, v = windows.reshape(B, nW, n, 3, h, C // h).permute(3, 0, 1, 4, 2, 5).flatten(2, 3)  # (B, nW h, n, d)
 
         bias = self.relative_position_bias().to(q.dtype)  # (h, n, n)
         mask = _window_mask(H, W, w, s, x.device)
-        if mask is not None:
-            bias = bias + mask.to(q.dtype)  # (nW, h, n, n)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, nW, h, n, d)
+        bias = bias.expand(nW, h, n, n) if mask is None else bias + mask.to(q.dtype)  # (nW, h, n, n)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.reshape(nW * h, n, n))  # (B, nW h, n, d)
+        out = out.unflatten(1, (nW, h))  # (B, nW, h, n, d)
 
         out = window_merge(out.transpose(2, 3).reshape(B, nW, n, C), w, Hp, Wp)
         if s:
             out = torch.roll(out, (s, s), dims=(1, 2))
-        return self.proj(out[:, :H, :W])
+        # cropped by a negative pad: a fresh tensor, where a slice's layout (contiguous exactly
+        # when nothing was padded) would fix the traced width to a multiple or not of the window
+        return self.proj(F.pad(out, (0, 0, 0, W - Wp, 0, H - Hp)))

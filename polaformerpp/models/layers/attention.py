@@ -67,9 +67,10 @@ class GatedAttention(nn.Module):
         """Heads ``(B, h, N, d)`` plus LePE(``v_image`` ``(B, C, H, W)``), times ``gate``
         ``(B, H, W, C)``, through ``proj``: ``(B, H, W, C)``."""
         B, H, W, C = gate.shape
-        out = out.transpose(1, 2).reshape(B, H, W, C)
-        out = out + self.lepe(v_image).permute(0, 2, 3, 1)
-        return self.proj(out * gate)
+        # the LePE sum is taken in the conv's NCHW layout: summed channels-last, torch.compile's
+        # CPU backward of this block fails (inductor's loop split meets two loop nests)
+        out = out.transpose(2, 3).reshape(B, C, H, W) + self.lepe(v_image)
+        return self.proj(out.permute(0, 2, 3, 1) * gate)
 
 
 class PolaLinearAttention(GatedAttention):
