@@ -6,6 +6,7 @@ Examples::
     python tools/test.py CONFIG CHECKPOINT --tta            # config's tta_model/tta_pipeline
     python tools/test.py CONFIG CHECKPOINT --allow-partial  # evaluate although keys are missing
     python tools/test.py CONFIG CHECKPOINT --out results.pkl --out-json metrics.json
+    python tools/test.py CONFIG CHECKPOINT --compile        # torch.compile the test step (inductor)
     bash tools/dist_test.sh CONFIG CHECKPOINT 8
     bash tools/slurm_test.sh PARTITION JOB CONFIG CHECKPOINT   # srun, GPUS=8 tasks by default
 """
@@ -14,13 +15,20 @@ import json
 import numbers
 import os
 import os.path as osp
+import sys
 
-import torch  # noqa: F401
+import torch
 from mmengine.config import Config, DictAction
 from mmengine.evaluator import DumpResults
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from polaformerpp.engine.compile import (
+    CompileUnavailableError,
+    check_compile_support,
+    compile_method,
+    compile_options,
+)
 from polaformerpp.utils import (
     StrictLoadHook,
     adapt_cfg_to_device,
@@ -44,6 +52,9 @@ def parse_args(argv=None):
     parser.add_argument('--save-dir', help='super-resolution: write the SR outputs as PNG here')
     parser.add_argument('--tta', action='store_true',
                         help="test-time augmentation from the config's tta_model and tta_pipeline")
+    parser.add_argument('--compile', action='store_true',
+                        help='torch.compile the test step (with the options of the config\'s `compile` key when it '
+                             'is a dict; the first batches compile, which takes minutes)')
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction,
         help='override config entries, e.g. test_dataloader.batch_size=1')
@@ -78,8 +89,16 @@ def main(argv=None):
     args = parse_args(argv)
     set_unsafe_loading(args.unsafe_load)
     cfg = merge_args(Config.fromfile(args.config), args)
+    options = (compile_options(cfg.get('compile')) or {}) if args.compile else None
+    try:
+        check_compile_support(options, 'cuda' if torch.cuda.is_available() else 'cpu')
+    except CompileUnavailableError as error:
+        sys.stderr.write(f'test.py: error: {error}\n')
+        raise SystemExit(1) from None
     init_distributed_if_cpu(args.launcher)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    if options is not None:
+        compile_method(runner.model, 'test_step', options)
     # refuse (before evaluating) a checkpoint that leaves the model half-initialised
     runner.register_hook(StrictLoadHook(strict=True, allow_partial=args.allow_partial, filename=args.checkpoint))
     if args.out is not None:

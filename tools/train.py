@@ -8,6 +8,7 @@ Examples::
     python tools/train.py CONFIG --resume path/epoch_3.pth
     python tools/train.py CONFIG --unsafe-load --resume    # a trusted checkpoint that needs full unpickling
     python tools/train.py CONFIG --tensorboard             # also log to TensorBoard (vis_data/events.*)
+    python tools/train.py CONFIG --compile                 # torch.compile the training step (inductor)
     bash tools/dist_train.sh CONFIG 8                      # torchrun, 8 processes
     bash tools/slurm_train.sh PARTITION JOB CONFIG WORK_DIR  # srun, GPUS=8 tasks by default
 """
@@ -15,12 +16,14 @@ import argparse
 import importlib.util
 import os
 import os.path as osp
+import sys
 
 import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from polaformerpp.engine.compile import CompileUnavailableError, check_compile_support, compile_options
 from polaformerpp.utils import (
     StrictLoadHook,
     adapt_cfg_to_device,
@@ -52,6 +55,10 @@ def parse_args(argv=None):
              'keeping the others (events files in WORK_DIR/<timestamp>/vis_data; needs the tensorboard '
              'package). --cfg-options cannot append a dict to a list: its nearest form, '
              'visualizer.vis_backends.0.type=TensorboardVisBackend, replaces the first backend instead')
+    parser.add_argument(
+        '--compile', action='store_true',
+        help="torch.compile the training step (sets mmengine's `compile` config key, keeping its options if the "
+             'config gives a dict; the first iterations compile, which takes minutes; validation stays eager)')
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction,
         help='override config entries, e.g. model.backbone.arch=b1 train_cfg.max_epochs=5')
@@ -94,14 +101,27 @@ def merge_args(cfg, args):
             raise ImportError('--tensorboard needs the tensorboard package: pip install tensorboard '
                               '(listed in requirements/optional.txt)')
         add_tensorboard_backend(cfg)
+    if args.compile:
+        cfg.compile = cfg.get('compile') or True
     adapt_cfg_to_device(cfg, args.launcher)
     return cfg
+
+
+def check_compile(cfg, args):
+    """End the run at once (stderr, exit 1) when the config asks for torch.compile and it cannot run here."""
+    try:
+        check_compile_support(compile_options(cfg.get('compile')), 'cuda' if torch.cuda.is_available() else 'cpu',
+                              '--compile' if args.compile else 'compile (config key)')
+    except CompileUnavailableError as error:
+        sys.stderr.write(f'train.py: error: {error}\n')
+        raise SystemExit(1) from None
 
 
 def main(argv=None):
     args = parse_args(argv)
     set_unsafe_loading(args.unsafe_load)
     cfg = merge_args(Config.fromfile(args.config), args)
+    check_compile(cfg, args)
     init_distributed_if_cpu(args.launcher)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
     if cfg.get('load_from') and not cfg.get('resume', False):
