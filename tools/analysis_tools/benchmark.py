@@ -18,15 +18,35 @@ A progress bar over the iterations goes to stderr when it is a terminal
 (``--no-progress`` or ``POLAPP_NO_PROGRESS=1``: none; it is drawn between the
 timed calls, outside the timed region); the results go to stdout.
 
+Comparison with other backbones (``--compare`` / ``--resolutions``): the
+dense backbone of CONFIG (``cfg.model.backbone`` with the four stage outputs,
+``out_indices=(0, 1, 2, 3)``) is timed twice, with the config's stage mix of
+attention types and with linear attention in every stage, next to the named
+peers, mmpretrain's own backbones with their four stage outputs too
+(``swin-t/s/b``: ``SwinTransformer``, window 7, ``pad_small_map``; ``convnext-t/s/b``:
+``ConvNeXt``), on square inputs of each resolution. Per cell: median latency
+and the peak memory the forward allocates on top of the weights and the input
+(CUDA: ``max_memory_allocated``; CPU: the PyTorch profiler's allocation
+events, i.e. tensors; a cell that runs out of memory reads ``OOM``). Results:
+a table on stdout, the speed-up of each PolaFormer++ variant over each peer,
+``benchmark_compare.csv`` and ``benchmark_compare.png`` (latency and memory
+against resolution, log-log) in ``--out-dir``. Random weights: speed does not
+depend on them.
+
 Examples::
 
     python tools/analysis_tools/benchmark.py configs/classification/polapp-b2_8xb256_in1k.py --batch-size 64
     python tools/analysis_tools/benchmark.py CONFIG --device cpu --threads 4 --repeat 5
     python tools/analysis_tools/benchmark.py CONFIG --checkpoint CKPT --amp bf16 --out-json bench.json
+    python tools/analysis_tools/benchmark.py configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py \\
+        --compare swin-t convnext-t --resolutions 224 512 1024 2048 --device cpu --threads 2
 """
 import argparse
 import contextlib
+import copy
+import csv
 import json
+import os
 import os.path as osp
 import statistics
 import time
@@ -36,12 +56,29 @@ from mmengine.config import Config, DictAction
 
 from polaformerpp.analysis import load_model
 from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
-from polaformerpp.utils.cli import image_shape, non_negative_int, parser_errors, positive_int, run_cli, torch_device
+from polaformerpp.utils.cli import (
+    ArgumentCheckError,
+    image_shape,
+    non_negative_int,
+    parser_errors,
+    positive_int,
+    run_cli,
+    torch_device,
+)
 from polaformerpp.utils.progress import ProgressBar, add_progress_argument, progress_from_args
 
 DEFAULT_SHAPES = dict(mmpretrain=(224, 224), mmdet=(800, 1280), mmseg=(512, 2048))
 SR_DEFAULT_SHAPE = (180, 320)  # a 1280x720 output at x4
 AMP_DTYPES = dict(fp16=torch.float16, bf16=torch.bfloat16)
+#: ``--compare`` names: mmpretrain's backbones (type, arch) with their four stage outputs
+PEERS = {
+    'swin-t': ('SwinTransformer', 'tiny'), 'swin-s': ('SwinTransformer', 'small'),
+    'swin-b': ('SwinTransformer', 'base'),
+    'convnext-t': ('ConvNeXt', 'tiny'), 'convnext-s': ('ConvNeXt', 'small'), 'convnext-b': ('ConvNeXt', 'base'),
+}
+DEFAULT_RESOLUTIONS = (224, 512, 1024)
+#: --warmup / --repeat of the comparison when not given (seconds per forward at 2048^2 on a CPU)
+COMPARE_WARMUP, COMPARE_REPEAT = 1, 5
 
 
 def parse_args(argv=None):
@@ -54,16 +91,40 @@ def parse_args(argv=None):
     parser.add_argument('--batch-size', type=positive_int, default=1)
     parser.add_argument('--device', type=torch_device, default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', choices=sorted(AMP_DTYPES), default=None, help='autocast dtype')
-    parser.add_argument('--warmup', type=non_negative_int, default=5, help='untimed iterations first')
-    parser.add_argument('--repeat', type=positive_int, default=20, help='timed iterations')
+    parser.add_argument('--warmup', type=non_negative_int, default=None,
+                        help=f'untimed iterations first (default 5; {COMPARE_WARMUP} with --compare)')
+    parser.add_argument('--repeat', type=positive_int, default=None,
+                        help=f'timed iterations (default 20; {COMPARE_REPEAT} with --compare)')
     parser.add_argument('--threads', type=positive_int, default=None,
                         help='CPU threads (torch.set_num_threads)')
     parser.add_argument('--out-json', help='write the measurements to this JSON file')
+    parser.add_argument('--compare', nargs='+', default=None, metavar='PEER',
+                        help="compare CONFIG's dense backbone (its stage mix and all-linear) with these "
+                             f"mmpretrain backbones: {', '.join(PEERS)}")
+    parser.add_argument('--resolutions', type=positive_int, nargs='+', default=None,
+                        help='square input sizes of the comparison (default '
+                             f'{" ".join(map(str, DEFAULT_RESOLUTIONS))}; alone: the two PolaFormer++ variants only)')
+    parser.add_argument('--out-dir', default='work_dirs/benchmark_compare',
+                        help='where the comparison writes benchmark_compare.csv/.png ("" to write nothing)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
     add_progress_argument(parser)
     args = parser.parse_args(argv)
     with parser_errors(parser):
         args.shape = image_shape(args.shape)
+        for name in args.compare or ():
+            if name not in PEERS:
+                raise ArgumentCheckError(f'--compare: unknown backbone {name!r}; choose from {", ".join(PEERS)}')
+        compare = args.compare is not None or args.resolutions is not None
+        if compare and args.shape is not None:
+            raise ArgumentCheckError('--shape: the comparison runs square inputs of --resolutions instead')
+        if compare and args.checkpoint is not None:
+            raise ArgumentCheckError('--checkpoint: the comparison times random weights (speed does not depend on '
+                                     'them)')
+    args.compare_mode = compare
+    if args.warmup is None:
+        args.warmup = COMPARE_WARMUP if compare else 5
+    if args.repeat is None:
+        args.repeat = COMPARE_REPEAT if compare else 20
     if not osp.isfile(args.config):
         parser.error(f'config: {args.config} not found')
     if args.checkpoint is not None and not osp.isfile(args.checkpoint):
@@ -163,10 +224,255 @@ def benchmark(config, checkpoint=None, shape=None, batch_size=1, device='cpu', a
     return result
 
 
+# --------------------------------------------------------------------------- comparison of dense backbones
+def dense_backbones(cfg, peers):
+    """``[(name, build)]``: CONFIG's backbone (its stage mix, all-linear) and the named peers, 4 stage outputs each.
+
+    ``build()`` returns the backbone (random weights, eval mode); building is deferred so
+    that only one model is in memory at a time.
+    """
+    from mmengine.registry import MODELS, init_default_scope
+    from mmengine.utils import import_modules_from_strings
+
+    if cfg.get('default_scope'):
+        init_default_scope(cfg.default_scope)
+    if 'custom_imports' in cfg:
+        import_modules_from_strings(**cfg.custom_imports)
+    backbone = cfg.model.get('backbone')
+    if not isinstance(backbone, dict) or 'PolaFormerPP' not in str(backbone.get('type')):
+        raise ArgumentCheckError(f'config: --compare needs a config whose model.backbone is PolaFormerPP, '
+                                 f'got {backbone.get("type") if isinstance(backbone, dict) else backbone!r}')
+    from polaformerpp.models.backbones.polaformerpp import RELEASED_ATTN_TYPES
+    base = copy.deepcopy(backbone)
+    base.update(out_indices=(0, 1, 2, 3), init_cfg=None, frozen_stages=-1)
+    arch = base.get('arch', 'b0')
+    arch_name = arch if isinstance(arch, str) else 'custom'
+    mix = tuple(base.get('attn_types', RELEASED_ATTN_TYPES))
+    variants = [(mix, '-'.join('L' if t == 'linear' else 'S' for t in mix))]
+    if mix != ('linear', ) * 4:
+        variants.append((('linear', ) * 4, 'all-linear'))
+
+    def polaformer(attn_types):
+        return lambda: MODELS.build(dict(base, attn_types=attn_types))
+
+    models = [(f'polapp-{arch_name} {label}', polaformer(attn_types)) for attn_types, label in variants]
+    for name in peers:
+        models.append((name, _peer_builder(name)))
+    return models
+
+
+def _peer_builder(name):
+    import mmpretrain.models as mmpretrain_models
+    kind, arch = PEERS[name]
+    if kind == 'SwinTransformer':
+        # pad_small_map: maps smaller than a window (below 224 px) are padded, as at any other size
+        return lambda: mmpretrain_models.SwinTransformer(arch=arch, out_indices=(0, 1, 2, 3), pad_small_map=True)
+    return lambda: mmpretrain_models.ConvNeXt(arch=arch, out_indices=(0, 1, 2, 3), gap_before_final_norm=False)
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or 'out of memory' in str(exc).lower() or (
+        isinstance(exc, RuntimeError) and 'not enough memory' in str(exc).lower())
+
+
+def forward_peak_memory(forward, device) -> float:
+    """Peak memory (MiB) one call of ``forward`` allocates above what was allocated before it.
+
+    CUDA: ``max_memory_allocated``; CPU: the running sum of the PyTorch profiler's
+    allocation events (tensors; not the libraries' private scratch buffers).
+    """
+    if str(device).startswith('cuda'):
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        forward()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        forward()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == '[memory]')
+    peak = current = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak / 2**20
+
+
+def time_forward(forward, device, warmup, repeat):
+    """Median / min seconds of ``repeat`` calls after ``warmup`` untimed ones (synchronised on CUDA)."""
+    cuda = str(device).startswith('cuda')
+    for _ in range(warmup):
+        forward()
+    times = []
+    for _ in range(repeat):
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        forward()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times)
+
+
+def compare_backbones(config, peers=(), resolutions=DEFAULT_RESOLUTIONS, batch_size=1, device='cpu', amp=None,
+                      warmup=COMPARE_WARMUP, repeat=COMPARE_REPEAT, cfg_options=None, progress=False):
+    """Latency and peak memory of CONFIG's dense backbone (two stage mixes) and ``peers`` per resolution.
+
+    Returns:
+        list[dict]: one row per (model, resolution): ``model``, ``resolution``, ``params``,
+        ``latency_ms`` (median), ``min_ms``, ``peak_memory_mib``, ``status`` ('ok', 'OOM' or
+        the error), ``device``, ``batch_size``, ``threads``, ``amp``.
+    """
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    models = dense_backbones(cfg, peers)
+    cuda = str(device).startswith('cuda')
+
+    def autocast():
+        return (torch.autocast(device_type='cuda' if cuda else 'cpu', dtype=AMP_DTYPES[amp])
+                if amp else contextlib.nullcontext())
+
+    rows = []
+    with ProgressBar(len(models) * len(resolutions), 'backbones x resolutions', enabled=progress) as bar:
+        for name, build in models:
+            torch.manual_seed(0)
+            model = build().to(device)
+            model.eval()  # (some backbones' train() returns None)
+            params = sum(p.numel() for p in model.parameters())
+            for size in resolutions:
+                row = dict(model=name, resolution=size, params=params, latency_ms=None, min_ms=None,
+                           peak_memory_mib=None, status='ok', device=str(device), batch_size=batch_size,
+                           threads=None if cuda else torch.get_num_threads(), amp=amp or 'fp32')
+                try:
+                    inputs = torch.randn(batch_size, 3, size, size, device=device)
+                    with torch.no_grad(), autocast():
+                        median, fastest = time_forward(lambda: model(inputs), device, warmup, repeat)
+                        row['peak_memory_mib'] = forward_peak_memory(lambda: model(inputs), device)
+                    row['latency_ms'], row['min_ms'] = median * 1e3, fastest * 1e3
+                except Exception as exc:  # one cell that does not fit must not end the comparison
+                    row['status'] = 'OOM' if is_oom(exc) else f'error: {type(exc).__name__}: {str(exc)[:80]}'
+                finally:
+                    inputs = None
+                    if cuda:
+                        torch.cuda.empty_cache()
+                rows.append(row)
+                bar.update()
+            model = None  # the next backbone is built with this one freed
+    return rows
+
+
+def format_comparison(rows) -> str:
+    """Latency and memory tables (models x resolutions) and the speed-ups of the PolaFormer++ variants."""
+    models = list(dict.fromkeys(r['model'] for r in rows))
+    sizes = list(dict.fromkeys(r['resolution'] for r in rows))
+    cell = {(r['model'], r['resolution']): r for r in rows}
+    width = max(len(m) for m in models) + 2
+
+    def table(title, key, fmt):
+        lines = [f'{title:<{width}}' + ''.join(f'{s:>12}' for s in sizes)]
+        for m in models:
+            values = []
+            for s in sizes:
+                r = cell[(m, s)]
+                values.append(format(r[key], fmt) if r['status'] == 'ok' else r['status'][:11])
+            lines.append(f'{m:<{width}}' + ''.join(f'{v:>12}' for v in values))
+        return lines
+
+    lines = table('latency (ms)', 'latency_ms', '.1f') + [''] + table('peak memory (MiB)', 'peak_memory_mib', '.0f')
+    ours = [m for m in models if m.startswith('polapp-')]
+    peers = [m for m in models if not m.startswith('polapp-')]
+    if peers:
+        lines += ['', f'{"speed-up (peer / ours)":<{width + 14}}' + ''.join(f'{s:>8}' for s in sizes)]
+        for m in ours:
+            for p in peers:
+                ratios = []
+                for s in sizes:
+                    a, b = cell[(m, s)], cell[(p, s)]
+                    ok = a['status'] == b['status'] == 'ok'
+                    ratios.append(f"{b['latency_ms'] / a['latency_ms']:.2f}x" if ok else '-')
+                lines.append(f'{m + " vs " + p:<{width + 14}}' + ''.join(f'{r:>8}' for r in ratios))
+    return '\n'.join(lines)
+
+
+def write_comparison_csv(path, rows):
+    keys = ['model', 'resolution', 'params', 'latency_ms', 'min_ms', 'peak_memory_mib', 'status', 'device',
+            'threads', 'batch_size', 'amp']
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction='ignore')
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_comparison_plot(path, rows) -> bool:
+    """Latency and peak memory against resolution (log-log), one line per backbone; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('matplotlib is not installed: no plot written')
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in dict.fromkeys(r['model'] for r in rows):
+        points = [(r['resolution'], r['latency_ms'], max(r['peak_memory_mib'], 1e-3)) for r in rows
+                  if r['model'] == name and r['status'] == 'ok']
+        if not points:
+            continue
+        sizes, latency, memory = zip(*points)
+        style = '-' if name.startswith('polapp-') else '--'
+        axes[0].plot(sizes, latency, style, marker='o', label=name)
+        axes[1].plot(sizes, memory, style, marker='o', label=name)
+    first = rows[0]
+    where = first['device'] + (f" ({first['threads']} threads)" if first['threads'] else '')
+    for ax, ylabel in zip(axes, ('latency (ms)', 'peak memory of the forward (MiB)')):
+        ax.set_xscale('log')
+        ax.set_yscale('log')
+        ax.set_xlabel('input resolution (square, pixels)')
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(sorted({r['resolution'] for r in rows}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.grid(True, which='both', alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"dense backbones, batch {first['batch_size']}, {first['amp']}, {where}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def compare_main(args):
+    rows = compare_backbones(args.config, args.compare or (), args.resolutions or DEFAULT_RESOLUTIONS,
+                             args.batch_size, args.device, args.amp, args.warmup, args.repeat, args.cfg_options,
+                             progress=progress_from_args(args))
+    where = torch.cuda.get_device_name(args.device) if str(args.device).startswith('cuda') else \
+        f'cpu ({torch.get_num_threads()} threads)'
+    print(f'{osp.basename(args.config)}: dense backbones, batch {args.batch_size}, {where}, {args.amp or "fp32"}, '
+          f'median of {args.repeat} after {args.warmup} warm-up')
+    print(format_comparison(rows))
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        csv_path = osp.join(args.out_dir, 'benchmark_compare.csv')
+        write_comparison_csv(csv_path, rows)
+        print(f'\nwrote {csv_path}')
+        png_path = osp.join(args.out_dir, 'benchmark_compare.png')
+        if write_comparison_plot(png_path, rows):
+            print(f'wrote {png_path}')
+    if args.out_json:
+        with open(args.out_json, 'w') as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compare_mode:
+        return compare_main(args)
     result = benchmark(args.config, args.checkpoint, args.shape, args.batch_size, args.device, args.amp,
                        args.warmup, args.repeat, args.cfg_options, progress=progress_from_args(args),
                        allow_partial=args.allow_partial, unsafe_load=args.unsafe_load)
