@@ -8,8 +8,12 @@ registers in mmengine's root registries:
   ``InceptionV3Features``, ``RandomConvFeatures``;
 * ``DATASETS``: ``ClassImageFolder``;
 * ``METRICS``: ``GenerationFID``.
+
+:func:`label_swap_gap` and :func:`conditioning_scales` tell whether a trained
+model uses its class label.
 """
 from .datasets import ClassImageFolder, center_crop_image
+from .diagnostics import conditioning_scales, format_gap_table, label_swap_gap, wrong_labels
 from .diffusion import (
     GaussianDiffusion,
     discretized_gaussian_log_likelihood,
@@ -32,5 +36,5 @@ __all__ = [
     'center_crop_image', 'GenerationFID', 'frechet_distance', 'feature_statistics',
     'inception_score', 'load_reference', 'InceptionV3Features', 'RandomConvFeatures',
     'build_feature_extractor', 'extract_features', 'guided_model_fn', 'sample_generators',
-    'to_uint8', 'make_grid'
+    'to_uint8', 'make_grid', 'label_swap_gap', 'conditioning_scales', 'format_gap_table', 'wrong_labels'
 ]
