@@ -87,14 +87,26 @@ class DiT(nn.Module):
             ``'softmax'`` (the original DiT attention).
         mlp_ratio (float): MLP hidden width over ``hidden_size``.
         attn_backend (str): :func:`polaformerpp.ops.pola_attention` backend.
+        label_embed_std (float): std of the normal init of the label table.
+            DiT's 0.02 (the default, as published) gives label rows of norm
+            ``0.02 * sqrt(hidden_size)`` next to a timestep embedding that Adam
+            grows to a norm of 10-50 within the first 1,000 steps: the label is
+            then ~1% of the condition ``c`` and a short run does not learn to
+            use it (a label-swap gap of ~0, see
+            :func:`~polaformerpp.generation.label_swap_gap`). ``1.0`` (ADM's,
+            and PyTorch's default for an embedding) makes the two comparable
+            from the first step: the CPU demos use it.
     """
 
     def __init__(self, arch: Union[str, dict] = 'DiT-S/2', input_size: Union[int, Sequence[int]] = 32,
                  in_channels: int = 4, num_classes: int = 1000, class_dropout_prob: float = 0.1,
                  learn_sigma: bool = True, attn_type: str = 'linear', mlp_ratio: float = 4.0,
-                 attn_backend: str = 'auto'):
+                 attn_backend: str = 'auto', label_embed_std: float = 0.02):
         super().__init__()
         spec = _resolve_arch(arch)
+        if not 0 < label_embed_std < float('inf'):
+            raise ValueError(f'label_embed_std must be a positive number, got {label_embed_std}')
+        self.label_embed_std = float(label_embed_std)
         if attn_type not in ATTENTION_TYPES:
             raise ValueError(f'attn_type must be one of {ATTENTION_TYPES}, got {attn_type!r}')
         self.input_size = _pair(input_size, 'input_size')
@@ -135,7 +147,8 @@ class DiT(nn.Module):
         return self.y_embedder.null_class
 
     def _init_weights(self) -> None:
-        """DiT's initialisation: Xavier linears, zero adaLN and output, fixed sin-cos positions."""
+        """DiT's initialisation: Xavier linears, N(0, 0.02) embedders (the label table:
+        ``label_embed_std``), zero adaLN and output, fixed sin-cos positions."""
         def xavier(module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
@@ -149,7 +162,7 @@ class DiT(nn.Module):
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.zeros_(self.x_embedder.proj.bias)
-        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=self.label_embed_std)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
         for block in self.blocks:

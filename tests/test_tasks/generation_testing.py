@@ -11,6 +11,7 @@ import torch
 from polaformerpp.generation import DiT, DiTDiffusion
 
 PIXEL_CONFIG = 'configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py'
+DIGITS_CONFIG = 'configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-digits-16.py'
 LATENT_CONFIGS = {size: f'configs/generation/dit-{size}-2_polapp_8xb32-400k_in1k-256.py'
                   for size in ('s', 'b', 'l', 'xl')}
 TINY_ARCH = dict(depth=2, hidden_size=32, num_heads=2, patch_size=2)

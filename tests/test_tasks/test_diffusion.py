@@ -38,6 +38,10 @@ def test_classifier_free_guidance_combination():
     assert plain[:, :3, 0, 0].tolist() == [[1.0] * 3, [2.0] * 3]
     with pytest.raises(ValueError, match='cfg_scale'):
         guided_model_fn(FakeNet(), torch.tensor([1]), cfg_scale=0.5)
+    # latents: all four noise channels are guided (not DiT's first three only)
+    latent = guided_model_fn(FakeNet(), torch.tensor([1, 2]), cfg_scale=4.0)(torch.zeros(2, 4, 4, 4), t)
+    torch.testing.assert_close(latent[:, :4, 0, 0], eps_expected[:, None].expand(2, 4))
+    torch.testing.assert_close(latent[:, 4:, 0, 0], torch.tensor([[101.0] * 4, [102.0] * 4]))
 
 
 

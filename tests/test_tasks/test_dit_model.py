@@ -1,12 +1,13 @@
 """DiT with PolaFormer++ or softmax attention: registry names, sizes and parameter counts,
-forward pass, position embedding, label dropout, argument checks."""
+forward pass, position embedding, the conditioning path (timestep embedding, embedder init,
+label dropout), argument checks."""
 import pytest
 import torch
 from mmengine.registry import DATASETS, METRICS, MODELS
 
 from generation_testing import TINY_ARCH, randomize_, tiny_dit
 from polaformerpp.generation import DIT_ARCHS, ClassImageFolder, DiT, GenerationFID, dit_param_count
-from polaformerpp.generation.dit_layers import PolaTokenAttention, SoftmaxSelfAttention
+from polaformerpp.generation.dit_layers import PolaTokenAttention, SoftmaxSelfAttention, timestep_embedding
 from polaformerpp.models.layers import PolaLinearAttention
 
 
@@ -89,6 +90,35 @@ def test_pos_embed_is_fixed_sincos():
     torch.testing.assert_close(pe[:, :8], torch.sin(pe[:, :8].asin()))
     torch.testing.assert_close(pe[1, :8], torch.sin(torch.ones(8) / 10000 ** (torch.arange(8) / 8)))
     torch.testing.assert_close(pe[4, 16:24], pe[1, :8])  # row 1 at col 0 == col 1 at row 0
+
+
+def test_timestep_embedding_is_dits():
+    """256 frequencies ``10000 ** (-i / 128)``, laid out ``[cos | sin]``, fractional timesteps allowed."""
+    t = torch.tensor([0.0, 1.0, 999.0, 12.5])
+    emb = timestep_embedding(t, 256)
+    freqs = 10000.0 ** (-torch.arange(128, dtype=torch.float64) / 128)
+    args = t.double()[:, None] * freqs[None]
+    torch.testing.assert_close(emb, torch.cat([args.cos(), args.sin()], dim=1).float(), atol=1e-4, rtol=0)  # fp32 args
+    assert emb.shape == (4, 256) and timestep_embedding(t, 7).shape == (4, 7)
+
+
+def test_conditioning_init_is_dits_and_the_label_scale_is_a_choice():
+    """N(0, 0.02) label table and timestep MLP, zero adaLN and output layer; ``label_embed_std`` sets the table."""
+    torch.manual_seed(0)
+    net = DiT(dict(depth=2, hidden_size=256, num_heads=4, patch_size=2), input_size=8, in_channels=3,
+              num_classes=100)
+    table = net.y_embedder.embedding_table.weight
+    assert table.shape == (101, 256) and abs(float(table.std()) - 0.02) < 0.002
+    for layer in (net.t_embedder.mlp[0], net.t_embedder.mlp[2]):
+        assert abs(float(layer.weight.std()) - 0.02) < 0.002
+    for block in net.blocks:
+        assert torch.count_nonzero(block.adaLN_modulation[-1].weight) == 0
+    assert torch.count_nonzero(net.final_layer.linear.weight) == 0
+    scaled = DiT(dict(depth=1, hidden_size=256, num_heads=4, patch_size=2), input_size=8, in_channels=3,
+                 num_classes=100, label_embed_std=1.0)
+    assert abs(float(scaled.y_embedder.embedding_table.weight.std()) - 1.0) < 0.05
+    with pytest.raises(ValueError, match='label_embed_std must be a positive number'):
+        DiT(TINY_ARCH, input_size=8, in_channels=3, num_classes=4, label_embed_std=0.0)
 
 
 def test_label_dropout_and_null_class():

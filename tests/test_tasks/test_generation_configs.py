@@ -7,7 +7,7 @@ from mmengine.config import Config
 from mmengine.registry import MODELS
 
 from conftest import REPO_ROOT
-from generation_testing import LATENT_CONFIGS, PIXEL_CONFIG, make_shapes32
+from generation_testing import DIGITS_CONFIG, LATENT_CONFIGS, PIXEL_CONFIG, make_shapes32
 from polaformerpp.generation import ClassImageFolder, dit_param_count
 
 
@@ -60,7 +60,8 @@ def test_metafile_lists_the_configs_with_their_parameter_counts():
         assert entry['Config'] == path
         assert entry['Metadata']['Parameters'] == dit_param_count(f'DiT-{size.upper()}/2',
                                                                   attn_type='linear')
-    assert models[osp.splitext(osp.basename(PIXEL_CONFIG))[0]]['Config'] == PIXEL_CONFIG
+    for path in (PIXEL_CONFIG, DIGITS_CONFIG):
+        assert models[osp.splitext(osp.basename(path))[0]]['Config'] == path
 
 
 def test_pixel_config_builds():
@@ -68,4 +69,16 @@ def test_pixel_config_builds():
     model = MODELS.build(cfg.model)
     assert model.space == 'pixel' and model.dit.in_channels == 3 and model.vae is None
     assert cfg.val_evaluator.type == 'GenerationFID'
+    # the demos' label table starts at N(0, 1); the published configs keep DiT's N(0, 0.02)
+    assert model.dit.label_embed_std == 1.0
+    assert 'label_embed_std' not in Config.fromfile(LATENT_CONFIGS['s']).model.dit
+
+
+def test_digits_config_reads_the_digits_at_16_pixels():
+    cfg = Config.fromfile(DIGITS_CONFIG)
+    model = MODELS.build(cfg.model)
+    assert model.dit.num_classes == 10 and model.dit.input_size == (16, 16) and model.dit.label_embed_std == 1.0
+    for loader in (cfg.train_dataloader, cfg.val_dataloader, cfg.test_dataloader):
+        assert loader.dataset.image_size == 16 and loader.dataset.data_root == 'data/demo_digits32'
+    assert cfg.train_dataloader.dataset.random_flip is False
 
