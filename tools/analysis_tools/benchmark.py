@@ -409,10 +409,9 @@ def write_comparison_csv(path, rows):
 
 def write_comparison_plot(path, rows) -> bool:
     """Latency and peak memory against resolution (log-log), one line per backbone; False without matplotlib."""
+    from polaformerpp.analysis import agg_pyplot
     try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
+        plt = agg_pyplot()
     except ImportError:
         print('matplotlib is not installed: no plot written')
         return False
@@ -434,7 +433,7 @@ def write_comparison_plot(path, rows) -> bool:
         ax.set_xlabel('input resolution (square, pixels)')
         ax.set_ylabel(ylabel)
         ax.set_xticks(sorted({r['resolution'] for r in rows}))
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
         ax.grid(True, which='both', alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"dense backbones, batch {first['batch_size']}, {first['amp']}, {where}", fontsize=10)

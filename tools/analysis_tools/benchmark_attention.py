@@ -401,10 +401,9 @@ def write_csv(path, results):
 
 def write_plot(path, results):
     """Time and peak memory against N (log-log), one line per backend/dtype/shape."""
+    from polaformerpp.analysis import agg_pyplot
     try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
+        plt = agg_pyplot()
     except ImportError:
         print('matplotlib is not installed: no plot written')
         return False

@@ -434,10 +434,9 @@ def benchmark_table(rows: List[dict]) -> List[str]:
 
 
 def write_plot(path: str, forward: List[dict], backward: List[dict]) -> bool:
+    from polaformerpp.analysis import agg_pyplot
     try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
+        plt = agg_pyplot()
     except ImportError:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
