@@ -175,11 +175,11 @@ class _ComplexRotation(_RealRotation):
         return torch.view_as_real(pairs * rotation).flatten(-2)
 
 
-def _rotation(rope: Optional[RopeHalves], dtype: torch.dtype) -> Optional[_RealRotation]:
+def _rotation(rope: Optional[RopeHalves], dtype: torch.dtype, tracing: bool) -> Optional[_RealRotation]:
     """The rotation of a call: none, the complex product in eager mode, real arithmetic under tracing."""
     if rope is None:
         return None
-    return _RealRotation(rope, dtype) if is_tracing() else _ComplexRotation(rope, dtype)
+    return _RealRotation(rope, dtype) if tracing else _ComplexRotation(rope, dtype)
 
 
 def _grid_chunk_size(chunk_size: int, grid_width: int) -> int:
@@ -231,12 +231,13 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     half = v.shape[-1] // 2
     chunk_size = chunk_size or chunk_tokens(q)
     rope = as_rope_halves(rope, head_dim, q.device)
+    tracing = is_tracing()
     # data-dependent checks cannot be traced (torch.compile, torch.jit.trace)
-    if not is_tracing():
+    if not tracing:
         check_temperatures(temp_same, temp_opp)
         check_rope_pairs(rope)
-    rotate = _rotation(rope, dtype)
-    if is_tracing():
+    rotate = _rotation(rope, dtype, tracing)
+    if tracing:
         # one chunk: a Python loop over a symbolic token count would fix it (and H, W) in the graph
         chunks = [(0, num_tokens)]
     else:
