@@ -54,7 +54,7 @@ import time
 import torch
 from mmengine.config import Config, DictAction
 
-from polaformerpp.analysis import load_model
+from polaformerpp.analysis import load_model, timed_calls
 from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import (
     ArgumentCheckError,
@@ -302,18 +302,9 @@ def forward_peak_memory(forward, device) -> float:
 
 def time_forward(forward, device, warmup, repeat):
     """Median / min seconds of ``repeat`` calls after ``warmup`` untimed ones (synchronised on CUDA)."""
-    cuda = str(device).startswith('cuda')
     for _ in range(warmup):
         forward()
-    times = []
-    for _ in range(repeat):
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        forward()
-        if cuda:
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
+    times = timed_calls(forward, device, repeat)
     return statistics.median(times), min(times)
 
 

@@ -29,11 +29,11 @@ import argparse
 import json
 import os.path as osp
 import statistics
-import time
 
 import torch
 from mmengine.config import Config, DictAction
 
+from polaformerpp.analysis import load_model, timed_calls
 from polaformerpp.engine.compile import CompileUnavailableError, check_compile_support
 from polaformerpp.utils.cli import (
     ArgumentCheckError,
@@ -74,7 +74,6 @@ def parse_args(argv=None):
 
 def build_classifier(config, cfg_options=None):
     """The config's classifier (random weights) without batch augmentations (they belong to the data side)."""
-    from polaformerpp.analysis import load_model
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -85,28 +84,12 @@ def build_classifier(config, cfg_options=None):
     return load_model(cfg)
 
 
-def _sync(device):
-    if str(device).startswith('cuda'):
-        torch.cuda.synchronize(device)
-
-
 def _timed(step, device, warmup, repeat):
     """``(first call s, median s)``: the first call (compilation for a compiled model), then warm-up and timing."""
-    _sync(device)
-    start = time.perf_counter()
-    step()
-    _sync(device)
-    first = time.perf_counter() - start
+    first = timed_calls(step, device, 1)[0]
     for _ in range(warmup):
         step()
-    times = []
-    for _ in range(repeat):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+    return first, statistics.median(timed_calls(step, device, repeat))
 
 
 def make_steps(model, images, samples):
