@@ -8,6 +8,7 @@ Examples::
     python tools/train.py CONFIG --resume path/epoch_3.pth
     python tools/train.py CONFIG --unsafe-load --resume    # a trusted checkpoint that needs full unpickling
     python tools/train.py CONFIG --tensorboard             # also log to TensorBoard (vis_data/events.*)
+    bash tools/dist_train.sh CONFIG 2 --accumulate 4       # 2 GPUs, the images per step of 8
     python tools/train.py CONFIG --compile                 # torch.compile the training step (inductor)
     bash tools/dist_train.sh CONFIG 8                      # torchrun, 8 processes
     bash tools/slurm_train.sh PARTITION JOB CONFIG WORK_DIR  # srun, GPUS=8 tasks by default
@@ -23,6 +24,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from polaformerpp.engine.accumulation import apply_accumulation
 from polaformerpp.engine.compile import CompileUnavailableError, check_compile_support, compile_options
 from polaformerpp.utils import (
     StrictLoadHook,
@@ -33,6 +35,7 @@ from polaformerpp.utils import (
     shutdown_distributed,
 )
 from polaformerpp.utils.checkpoint import UNSAFE_LOAD_HELP, exit_on_checkpoint_error
+from polaformerpp.utils.cli import positive_int
 from polaformerpp.utils.runtime import add_tensorboard_backend
 
 
@@ -48,6 +51,11 @@ def parse_args(argv=None):
     parser.add_argument('--amp', action='store_true', help='automatic mixed precision (CUDA)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale lr by the actual total batch over auto_scale_lr.base_batch_size')
+    parser.add_argument(
+        '--accumulate', type=positive_int, default=1, metavar='N',
+        help='accumulate gradients over N iterations per optimizer step, so that G GPUs train with the images per '
+             'step of N x G: iteration counts (max_iters, iteration-based schedulers, warm-ups, intervals) are '
+             'multiplied by N, EMA updates once per step and --auto-scale-lr counts the accumulated batch')
     parser.add_argument('--no-validate', action='store_true', help='skip validation during training')
     parser.add_argument(
         '--tensorboard', action='store_true',
@@ -80,6 +88,8 @@ def merge_args(cfg, args):
             raise ValueError(f'--amp works with OptimWrapper configs, got {optim_wrapper}')
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    if args.accumulate != 1:
+        apply_accumulation(cfg, args.accumulate)
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ValueError('--auto-scale-lr needs auto_scale_lr.base_batch_size in the config')

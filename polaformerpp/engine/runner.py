@@ -15,6 +15,9 @@ Select it in a config with ``runner_type = 'PolaRunner'`` (and
 * ``resume=True`` without a path (``tools/train.py --resume``) takes the
   newest checkpoint of the work dir that reads back whole: a truncated or
   unreadable one is skipped with a warning naming it;
+* ``auto_scale_lr`` counts the accumulated batch (``optim_wrapper.accumulative_counts``,
+  see :mod:`polaformerpp.engine.accumulation`): the lr is scaled by
+  ``world size x batch x accumulative_counts / base_batch_size``;
 * after a torchrun elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the run
   resumes from the work dir's latest checkpoint as if ``--resume`` had been
   given (when there is one; otherwise it starts as configured).
@@ -77,6 +80,11 @@ def resume_on_restart(resume: bool, work_dir: str, environ=None) -> bool:
     return bool(resume_candidates(work_dir))
 
 
+def _wrappers(optim_wrapper):
+    """The OptimWrappers inside ``optim_wrapper`` (itself, or the values of an OptimWrapperDict)."""
+    return list(optim_wrapper.values()) if hasattr(optim_wrapper, 'values') else [optim_wrapper]
+
+
 @RUNNERS.register_module()
 class PolaRunner(Runner):
     """mmengine Runner with exact resumption, atomic checkpoints and elastic restarts (see module)."""
@@ -103,6 +111,15 @@ class PolaRunner(Runner):
                 if loop.get('type') in names:
                     loop['type'] = resumable
         return super().build_train_loop(loop)
+
+    def scale_lr(self, optim_wrapper, auto_scale_lr=None) -> None:
+        """mmengine's linear lr scaling with the images of all accumulated iterations in the batch."""
+        counts = max((getattr(w, '_accumulative_counts', 1) for w in _wrappers(optim_wrapper)), default=1)
+        if auto_scale_lr and auto_scale_lr.get('enable', False) and counts > 1:
+            self.logger.info(f'auto_scale_lr: each optimizer step accumulates {counts} iterations, '
+                             f'so the batch counted below is {counts} times smaller than the real one')
+            auto_scale_lr = dict(auto_scale_lr, base_batch_size=auto_scale_lr['base_batch_size'] / counts)
+        return super().scale_lr(optim_wrapper, auto_scale_lr)
 
     # ------------------------------------------------------------ saving
     @master_only
