@@ -13,8 +13,9 @@ default_hooks = dict(
     visualization=dict(type='VisualizationHook', enable=False),
 )
 
+# the authors' main script: cudnn.benchmark on, seed 0 + rank
 env_cfg = dict(
-    cudnn_benchmark=False,
+    cudnn_benchmark=True,
     mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
     dist_cfg=dict(backend='nccl'),
 )
@@ -25,4 +26,4 @@ visualizer = dict(type='UniversalVisualizer', vis_backends=vis_backends)
 log_level = 'INFO'
 load_from = None
 resume = False
-randomness = dict(seed=None, deterministic=False)
+randomness = dict(seed=0, diff_rank_seed=True, deterministic=False)

@@ -1,7 +1,9 @@
-# ImageNet-1K, 224 px, the published augmentation: bicubic RandomResizedCrop,
-# flip, RandAugment m9-mstd0.5, random erasing 0.25; test resize 256 -> crop 224.
-# Colour jitter 0.4 is part of the recipe's arguments, but (as in timm, where
-# the recipe comes from) it is not applied when RandAugment is on.
+# ImageNet-1K, 224 px, the authors' protocol (torchvision ImageFolder + timm's
+# create_transform): images decoded by PIL without EXIF rotation, bicubic
+# RandomResizedCrop, flip, RandAugment rand-m9-mstd0.5-inc1, per-pixel random
+# erasing 0.25 (one box); test: resize to a 256 x 256 square (PIL bicubic), centre
+# crop 224. Colour jitter 0.4 is part of the recipe's arguments, but (as in timm)
+# it is not applied when RandAugment is on. Training drops the last partial batch.
 dataset_type = 'ImageNet'
 data_root = 'data/imagenet'
 data_preprocessor = dict(
@@ -14,8 +16,12 @@ data_preprocessor = dict(
 bgr_mean = data_preprocessor['mean'][::-1]
 bgr_std = data_preprocessor['std'][::-1]
 
+# PIL decoding, as torchvision's loader (no EXIF transposition)
+load_image = dict(type='LoadImageFromFile', imdecode_backend='pillow',
+                  color_type='color_ignore_orientation')
+
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
+    load_image,
     dict(type='RandomResizedCrop', scale=224, backend='pillow', interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
     dict(
@@ -38,8 +44,8 @@ train_pipeline = [
 ]
 
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='ResizeEdge', scale=256, edge='short', backend='pillow', interpolation='bicubic'),
+    load_image,
+    dict(type='Resize', scale=(256, 256), keep_ratio=False, backend='pillow', interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=224),
     dict(type='PackInputs'),
 ]
@@ -49,6 +55,7 @@ train_dataloader = dict(
     num_workers=8,
     persistent_workers=True,
     pin_memory=True,
+    drop_last=True,
     sampler=dict(type='DefaultSampler', shuffle=True),
     dataset=dict(type=dataset_type, data_root=data_root, split='train', pipeline=train_pipeline),
 )
