@@ -39,26 +39,6 @@ def tiny_mask_rcnn_options(**extra):
     return options
 
 
-def test_optimizer_param_groups_have_no_decay_on_norms_layer_scales_temperatures():
-    from mmengine.optim import build_optim_wrapper
-    cfg = load_cfg(MASK_RCNN_B2, **tiny_mask_rcnn_options())
-    model = build_detector(cfg)
-    cfg.optim_wrapper.type = 'OptimWrapper'
-    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    decay = {}
-    for group in wrapper.optimizer.param_groups:
-        for p in group['params']:
-            decay[id(p)] = group['weight_decay']
-    names = dict(model.named_parameters())
-    for key in ('gamma1', 'gamma2', 'temp_same', 'temp_opp', 'norm0.weight', 'norm1.norm',
-                'stem.0.bn.weight'):
-        hits = [n for n in names if key in n]
-        assert all(decay[id(names[n])] == 0 for n in hits), key
-    assert any('temp_same' in n for n in names) and any('norm0' in n for n in names)
-    assert decay[id(names['backbone.stages.0.blocks.0.attn.in_proj.weight'])] == 0.05
-    assert decay[id(names['neck.lateral_convs.0.conv.weight'])] == 0.05
-
-
 def test_frozen_stages_and_norm_eval_in_detector():
     cfg = load_cfg(MASK_RCNN_B2, **tiny_mask_rcnn_options(**{
         'model.backbone.frozen_stages': 2, 'model.backbone.norm_eval': True}))
