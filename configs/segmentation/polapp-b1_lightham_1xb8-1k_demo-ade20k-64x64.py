@@ -5,7 +5,7 @@
 # evaluated with mmseg's IoUMetric.
 #   python tools/misc/make_demo_ade20k.py data/demo_ade20k
 #   python tools/train.py configs/segmentation/polapp-b1_lightham_1xb8-1k_demo-ade20k-64x64.py
-_base_ = ['./polapp-b1_lightham_8xb2-160k_ade20k-512x512.py']
+_base_ = ['./polapp-b1_lightham_8xb8-160k_ade20k-512x512.py']
 
 data_root = 'data/demo_ade20k'
 metainfo = dict(
@@ -15,7 +15,9 @@ crop_size = (64, 64)
 
 model = dict(
     data_preprocessor=dict(size=crop_size),
-    backbone=dict(drop_path_rate=0.0, init_cfg=None),
+    # from scratch: the BatchNorms must learn their statistics (the published
+    # configs keep them in eval mode over an ImageNet initialisation)
+    backbone=dict(drop_path_rate=0.0, init_cfg=None, norm_eval=False),
     decode_head=dict(num_classes=5))
 
 train_pipeline = [

@@ -1,9 +1,11 @@
-# mmseg's 160k-iteration loop (mIoU every 16k iterations) with the published
-# optimisation: AdamW (0.9, 0.999), lr 6e-5, weight decay 0.01 (none on norm
-# layers, layer scales gamma1/gamma2 and the attention temperatures),
-# 1500-iteration linear warm-up then poly decay (power 1.0) to 0; a checkpoint
-# every 16k iterations, the best mIoU kept. The configs add a 10x lr on the
-# heads where the recipe has it.
+# mmseg's 160k-iteration loop with the optimisation of the authors' release
+# (`ZacharyMeng/PolaFormerPP`, downstream/segmentation/configs/PolaPP/polapp_b2.py:43-61):
+# AdamW (0.9, 0.999), lr 6e-5, weight decay 0.01 on every parameter except
+# those whose name in the authors' module tree contains 'norm' (the blocks'
+# LayerNorms, the downsampling BatchNorms, the output LayerNorms; the stem's
+# BatchNorms, layer scales, temperatures and biases are decayed), no gradient
+# clipping, fp32; lr: mmcv's poly (power 1.0, min 0) over all 160k iterations,
+# times a linear warm-up factor from 1e-6 to 1 over the first 1500.
 _base_ = 'mmseg::_base_/schedules/schedule_160k.py'
 
 # mmseg's schedule names its SGD optimizer at the top level too; the runner
@@ -13,25 +15,25 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        custom_keys={
-            '.gamma1': dict(decay_mult=0.0),
-            '.gamma2': dict(decay_mult=0.0),
-            '.temp_same': dict(decay_mult=0.0),
-            '.temp_opp': dict(decay_mult=0.0),
-        }),
+    # the authors' 'norm' key in this project's names: their `*.norm{1,2}.norm`,
+    # `extra_norms.*` are `.norm*` here, their `downsample.norm` is `downsample.bn`
+    # (their 'pos_block' key matches no parameter of their model)
+    paramwise_cfg=dict(custom_keys={
+        '.norm': dict(decay_mult=0.0),
+        'downsample.bn': dict(decay_mult=0.0),
+    }),
 )
 
 max_iters = 160000
 warmup_iters = 1500
+# mmcv's PolyLrUpdaterHook with linear warm-up sets, at 0-based iteration t,
+#   lr = base * (1 - t / max_iters) ** 1.0 * (r + (1 - r) * min(t, warmup_iters) / warmup_iters),
+# r = 1e-6: two chained (multiplied) schedulers reproduce it. mmengine's LinearLR /
+# PolyLR reach their end factor at step end - 1, hence the `+ 1`.
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=warmup_iters),
-    dict(type='PolyLR', power=1.0, eta_min=0.0, by_epoch=False, begin=warmup_iters, end=max_iters),
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=warmup_iters + 1),
+    dict(type='PolyLR', power=1.0, eta_min=0.0, by_epoch=False, begin=0, end=max_iters + 1),
 ]
 
 default_hooks = dict(
     checkpoint=dict(max_keep_ckpts=3, save_best='mIoU', rule='greater'))
-
-# `--auto-scale-lr` rescales lr when the total batch differs from 8 GPUs x 2 images
-auto_scale_lr = dict(enable=False, base_batch_size=16)
