@@ -56,8 +56,8 @@ def restore_image(model, img: Union[str, Path, np.ndarray]) -> np.ndarray:
     Args:
         model: from :func:`init_restorer`.
         img: an image path, or a uint8 ``(H, W, 3)`` array in BGR order (what
-            ``mmcv.imread`` / ``cv2.imread`` return). Any size works: the
-            network's window attention pads internally.
+            ``mmcv.imread`` / ``cv2.imread`` return). Any size works; the
+            config's ``pad_to_window`` and ``tile`` settings apply.
 
     Returns:
         np.ndarray: the super-resolved image, uint8 ``(s H, s W, 3)``, BGR.

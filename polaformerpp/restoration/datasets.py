@@ -13,14 +13,15 @@ DIV2K layout::
 :class:`SRBenchmarkDataset` finds one of the usual layouts of Set5, Set14,
 B100, Urban100 and Manga109 under ``data_root/<name>/`` (first match wins):
 
-1. ``HR/`` + ``LR_bicubic/X{s}/{stem}x{s}.png``  (EDSR/RCAN "benchmark" release)
+1. ``HR/`` + ``LR_bicubic/X{s}/{stem}x{s}.png``  (EDSR/RCAN "benchmark" release;
+   ``{stem}_LRBI_x{s}.png`` also found, as Manga109 is often named)
 2. ``GTmod12/`` + ``LRbicx{s}/{stem}.png``      (BasicSR downloads)
 3. ``HR/`` or ``GTmod12/`` or ``original/`` or the images directly in
    ``<name>/``, without LR images: LR made on the fly with ``imresize``.
 """
 import os
 import os.path as osp
-from typing import List, Optional
+from typing import List, Optional, Sequence, Union
 
 from mmengine.dataset import BaseDataset
 from mmengine.registry import DATASETS
@@ -46,9 +47,10 @@ class PairedImageDataset(BaseDataset):
         scale (int): SR scale factor.
         lr_dir (str | None): LR folder relative to ``data_root`` (may contain
             ``{scale}``), or None for on-the-fly bicubic degradation.
-        lr_filename_tmpl (str): LR file stem made from the HR stem, with
-            ``{stem}`` and ``{scale}`` (``'{stem}x{scale}'`` for DIV2K/EDSR,
-            ``'{stem}'`` for BasicSR's benchmark folders). Any image extension.
+        lr_filename_tmpl (str | Sequence[str]): LR file stem made from the HR
+            stem, with ``{stem}`` and ``{scale}`` (``'{stem}x{scale}'`` for
+            DIV2K/EDSR, ``'{stem}'`` for BasicSR's benchmark folders); with
+            several, the first that names an existing file. Any image extension.
         dataset_name (str | None): reported with the metrics; default: the
             basename of ``data_root``.
         pipeline, test_mode, indices, serialize_data, lazy_init, max_refetch:
@@ -61,14 +63,15 @@ class PairedImageDataset(BaseDataset):
     METAINFO = dict(task='super-resolution')
 
     def __init__(self, data_root: str, gt_dir: str, scale: int, lr_dir: Optional[str] = None,
-                 lr_filename_tmpl: str = '{stem}x{scale}', dataset_name: Optional[str] = None,
+                 lr_filename_tmpl: Union[str, Sequence[str]] = '{stem}x{scale}', dataset_name: Optional[str] = None,
                  pipeline=(), test_mode: bool = False, **kwargs):
         if not isinstance(scale, int) or isinstance(scale, bool) or scale < 1:
             raise ValueError(f'scale must be a positive int, got {scale!r}')
         self.scale = scale
         self.gt_dir = gt_dir
         self.lr_dir = None if lr_dir is None else lr_dir.format(scale=scale)
-        self.lr_filename_tmpl = lr_filename_tmpl
+        self.lr_filename_tmpl = ((lr_filename_tmpl, ) if isinstance(lr_filename_tmpl, str)
+                                 else tuple(lr_filename_tmpl))
         self.dataset_name = dataset_name or osp.basename(osp.normpath(data_root))
         super().__init__(data_root=data_root, pipeline=list(pipeline), test_mode=test_mode, **kwargs)
 
@@ -86,13 +89,15 @@ class PairedImageDataset(BaseDataset):
             stem = osp.splitext(name)[0]
             lr_path = None
             if self.lr_dir is not None:
-                lr_stem = self.lr_filename_tmpl.format(stem=stem, scale=self.scale)
-                if lr_stem not in lr_index:
+                lr_stems = [t.format(stem=stem, scale=self.scale) for t in self.lr_filename_tmpl]
+                found = [lr_index[s] for s in lr_stems if s in lr_index]
+                if not found:
                     raise FileNotFoundError(
-                        f'no LR image {lr_stem}.* in {osp.join(self.data_root, self.lr_dir)} for '
-                        f'the HR image {osp.join(gt_folder, name)} (lr_filename_tmpl='
-                        f'{self.lr_filename_tmpl!r})')
-                lr_path = lr_index[lr_stem]
+                        f'no LR image {" or ".join(s + ".*" for s in lr_stems)} in '
+                        f'{osp.join(self.data_root, self.lr_dir)} for the HR image '
+                        f'{osp.join(gt_folder, name)} (lr_filename_tmpl='
+                        f'{" or ".join(map(repr, self.lr_filename_tmpl))})')
+                lr_path = found[0]
             data_list.append(dict(gt_path=osp.join(gt_folder, name), lr_path=lr_path,
                                   scale=self.scale, img_name=stem,
                                   dataset_name=self.dataset_name))
@@ -101,7 +106,7 @@ class PairedImageDataset(BaseDataset):
 
 # (HR folder, LR folder, LR file template); LR folder None: degrade on the fly
 BENCHMARK_LAYOUTS = (
-    ('HR', 'LR_bicubic/X{scale}', '{stem}x{scale}'),
+    ('HR', 'LR_bicubic/X{scale}', ('{stem}x{scale}', '{stem}_LRBI_x{scale}')),
     ('GTmod12', 'LRbicx{scale}', '{stem}'),
     ('HR', None, None),
     ('GTmod12', None, None),

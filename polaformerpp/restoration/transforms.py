@@ -6,6 +6,8 @@ A sample travels as a dict. :class:`LoadPairedImages` fills ``gt`` (HR) and
 ``data_samples`` (a :class:`~mmengine.structures.BaseDataElement` with
 ``gt_img`` and the meta information).
 """
+from typing import Optional
+
 import numpy as np
 import torch
 from mmengine.registry import TRANSFORMS
@@ -83,30 +85,41 @@ class LoadPairedImages:
 
 @TRANSFORMS.register_module()
 class PairedRandomCrop:
-    """Crop aligned patches: ``lr_patch_size`` square from the LR, ``scale`` times that from the HR.
+    """Crop aligned patches: a square LR patch and the ``scale`` times larger HR patch.
 
     Args:
-        lr_patch_size (int): LR patch side (64 in the paper's recipe, HR 192 at x3).
+        lr_patch_size (int | None): LR patch side.
+        gt_patch_size (int | None): HR patch side instead (the LR side is
+            ``gt_patch_size // scale``: 192 gives 96/64/48 at x2/x3/x4).
+            Exactly one of the two is given.
     """
 
-    def __init__(self, lr_patch_size: int):
-        if lr_patch_size < 1:
-            raise ValueError(f'lr_patch_size must be positive, got {lr_patch_size}')
+    def __init__(self, lr_patch_size: Optional[int] = None, gt_patch_size: Optional[int] = None):
+        if (lr_patch_size is None) == (gt_patch_size is None):
+            raise ValueError('give exactly one of lr_patch_size and gt_patch_size')
+        if (lr_patch_size or gt_patch_size) < 1:
+            raise ValueError(f'patch size must be positive, got {lr_patch_size or gt_patch_size}')
         self.lr_patch_size = lr_patch_size
+        self.gt_patch_size = gt_patch_size
 
     def __call__(self, results: dict) -> dict:
-        lr, gt, scale, p = results['lr'], results['gt'], int(results['scale']), self.lr_patch_size
+        lr, gt, scale = results['lr'], results['gt'], int(results['scale'])
+        p = self.lr_patch_size or self.gt_patch_size // scale
+        if p < 1:
+            raise ValueError(f'gt_patch_size={self.gt_patch_size} is smaller than the scale {scale}')
         h, w = lr.shape[:2]
         if h < p or w < p:
             raise ValueError(f'LR image {results.get("lr_path") or results.get("gt_path")} is '
-                             f'{h}x{w}, smaller than lr_patch_size={p}')
+                             f'{h}x{w}, smaller than the LR patch {p} (lr_patch_size='
+                             f'{self.lr_patch_size}, gt_patch_size={self.gt_patch_size})')
         top, left = np.random.randint(0, h - p + 1), np.random.randint(0, w - p + 1)
         results['lr'] = lr[top:top + p, left:left + p]
         results['gt'] = gt[scale * top:scale * (top + p), scale * left:scale * (left + p)]
         return results
 
     def __repr__(self):
-        return f'{type(self).__name__}(lr_patch_size={self.lr_patch_size})'
+        return (f'{type(self).__name__}(lr_patch_size={self.lr_patch_size}, '
+                f'gt_patch_size={self.gt_patch_size})')
 
 
 @TRANSFORMS.register_module()

@@ -17,7 +17,7 @@ from apis_testing import (
 from polaformerpp.apis import init_restorer, restore_image
 
 SR_CONFIGS = configs_of('super_resolution')
-MAIN_CONFIG = 'configs/super_resolution/polapp-srlight_x4_2xb16-500k_div2k-64.py'
+MAIN_CONFIG = 'configs/super_resolution/polapp-srlight_x4_8xb16-500k_div2k-192.py'
 #: a small network (the published one is 48 channels x 20 layers)
 TINY_NET = {'model.network.embed_dims': 16, 'model.network.depths': (1, 1), 'model.network.num_heads': 2,
             'model.network.window_size': 8}

@@ -9,7 +9,7 @@ from conftest import REPO_ROOT
 from polaformerpp.restoration.transforms import write_rgb
 
 SR_CONFIGS = {s: osp.join(REPO_ROOT, 'configs', 'super_resolution',
-                          f'polapp-srlight_x{s}_2xb16-500k_div2k-64.py') for s in (2, 3, 4)}
+                          f'polapp-srlight_x{s}_8xb16-500k_div2k-192.py') for s in (2, 3, 4)}
 
 
 @pytest.fixture(autouse=True)

@@ -67,6 +67,10 @@ def test_benchmark_layouts_and_grayscale(tmp_path):
     assert edsr.get_data_info(0)['lr_path'].endswith('LR_bicubic/X2/babyx2.png')
     assert basicsr.get_data_info(0)['lr_path'].endswith('LRbicx2/zebra.png')
     assert hr_only.get_data_info(0)['lr_path'] is None
+    write(f'{root}/Manga109/HR/Aisazu.png', hr)  # the release's Manga109 names: '{}_LRBI_x2'
+    write(f'{root}/Manga109/LR_bicubic/X2/Aisazu_LRBI_x2.png', imresize(hr, 1 / 2))
+    manga = SRBenchmarkDataset('Manga109', 2, data_root=root, pipeline=pipeline)
+    assert manga.get_data_info(0)['lr_path'].endswith('LR_bicubic/X2/Aisazu_LRBI_x2.png')
     for ds in (edsr, basicsr):
         torch.testing.assert_close(ds[0]['inputs'], torch.from_numpy(imresize(hr, 0.5)).permute(2, 0, 1))
     gray = hr_only[0]
@@ -100,7 +104,7 @@ def test_paired_crop_and_flips_keep_lr_hr_aligned():
         np.testing.assert_array_equal(results['gt'][::3, ::3], results['lr'])
     packed = PackSRInputs()(dict(results, img_name='x', dataset_name='d'))
     assert packed['inputs'].shape == (3, 8, 8) and packed['data_samples'].gt_img.shape == (3, 24, 24)
-    with pytest.raises(ValueError, match='smaller than lr_patch_size'):
+    with pytest.raises(ValueError, match="smaller than the LR patch"):
         PairedRandomCrop(32)(dict(lr=lr, gt=gt, scale=3))
 
 

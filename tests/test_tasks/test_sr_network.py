@@ -7,6 +7,7 @@ import os.path as osp
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import REPO_ROOT
 from polaformerpp.restoration import PolaPPSRLight, SRRestorer
@@ -184,3 +185,69 @@ def test_x3_checkpoint_initialises_x2_except_upsampler(tmp_path):
             continue
         torch.testing.assert_close(model.network.state_dict()[name], value)
     torch.testing.assert_close(model.network.upsample[0].weight, before)
+
+
+# --------------------------------------------------------------- padding and tiled inference
+def test_tile_boxes_follow_the_release_partition():
+    """n = size // 200 + 1 parts of padded // n, padded = next multiple of n, shave = part // 10."""
+    from polaformerpp.restoration.model import tile_boxes
+    assert tile_boxes(150) == (150, [(0, 150, 0)])
+    assert tile_boxes(450) == (450, [(0, 165, 0), (135, 315, 15), (285, 450, 15)])
+    assert tile_boxes(401) == (402, [(0, 147, 0), (121, 281, 13), (255, 402, 13)])
+    assert tile_boxes(205, split_size=100, overlap_div=10) == (207, [(0, 75, 0), (63, 144, 6), (132, 207, 6)])
+
+
+def test_mirror_pad_is_the_release_flip_concatenation():
+    from polaformerpp.restoration.model import mirror_pad
+    x = torch.rand(1, 3, 11, 13)
+    expected = torch.cat([x, x.flip(2)], 2)[:, :, :16]
+    expected = torch.cat([expected, expected.flip(3)], 3)[:, :, :, :16]
+    torch.testing.assert_close(mirror_pad(x, 16, 16), expected, rtol=0, atol=0)
+    small = torch.rand(1, 1, 3, 2)  # pad larger than the image: the mirroring repeats
+    assert mirror_pad(small, 8, 2)[0, 0, :, 0].tolist() == small[0, 0, [0, 1, 2, 2, 1, 0, 0, 1], 0].tolist()
+
+
+class _LocalNet(torch.nn.Module):
+    """Three 3x3 convs and a pixel shuffle: each output pixel sees 3 LR pixels around it."""
+    upscale, window_size = 2, 16
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GELU(),
+                                        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.GELU(),
+                                        torch.nn.Conv2d(8, 12, 3, padding=1), torch.nn.PixelShuffle(2))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@torch.no_grad()
+def test_tiled_equals_whole_image_when_the_overlap_covers_the_receptive_field():
+    """420 x 230 LR: 3 x 2 parts of 140 x 115, overlaps 14 / 11 >= the receptive radius 3, no padding."""
+    torch.manual_seed(0)
+    model = SRRestorer(network=_LocalNet(), tile=dict(split_size=200, overlap_div=10)).eval()
+    x = torch.rand(2, 3, 420, 230)
+    torch.testing.assert_close(model._run_tiled(x), model.network(x), rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_tiled_prediction_is_the_network_on_each_part():
+    """With global attention the parts differ from the whole image; each part's centre is the
+    (mirror-padded) network on its reflect-padded crop, as the release's test() assembles it."""
+    from polaformerpp.restoration.model import mirror_pad
+    torch.manual_seed(0)
+    model = SRRestorer(network=tiny_net(2), pad_to_window=True,
+                       tile=dict(split_size=100, overlap_div=10)).eval()
+    x = torch.rand(1, 3, 205, 37)
+    out = model._run_tiled(x)
+    assert out.shape == (1, 3, 410, 74)
+    padded = F.pad(x, (0, 0, 0, 2), mode='reflect')  # 205 -> 207 = 3 parts of 69, shave 6
+    for (top, bottom, dy), row in zip([(0, 75, 0), (63, 144, 6), (132, 207, 6)], range(3)):
+        crop = padded[..., top:bottom, :]
+        h = bottom - top
+        part = model.network(mirror_pad(crop, -(-h // 8) * 8, 40))[..., :2 * h, :74]
+        rows = slice(2 * 69 * row, min(2 * 69 * (row + 1), 410))
+        torch.testing.assert_close(out[..., rows, :], part[..., 2 * dy:2 * dy + rows.stop - rows.start, :])
+    # predict uses the tiles; whole-image inference is the same model without them
+    samples = model.val_step(dict(inputs=[(x[0] * 255).round().to(torch.uint8)]))
+    assert samples[0].pred_img.shape == (3, 410, 74)
