@@ -9,7 +9,7 @@
 #
 #   python tools/misc/make_demo_data.py data/demo_shapes32 --size 32
 #   python tools/train.py configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py
-_base_ = ['./dit-s-2_polapp_8xb32-400k_in1k-256.py']
+_base_ = ['./dit-s-2_polapp_8xb32-100e_in1k-256.py']
 
 image_size = 32
 num_classes = 4
@@ -32,7 +32,8 @@ model = dict(
         label_embed_std=1.0),
     space='pixel',
     vae=None,
-    sample_cfg=dict(num_steps=25, sampler='ddim', cfg_scale=1.0),
+    allow_tf32=None,
+    sample_cfg=dict(num_steps=25, sampler='ddim', cfg_scale=1.0, cfg_channels=None),
 )
 
 train_dataloader = dict(
@@ -40,6 +41,7 @@ train_dataloader = dict(
     num_workers=0,
     persistent_workers=False,
     pin_memory=False,
+    sampler=dict(_delete_=True, type='InfiniteSampler', shuffle=True),
     dataset=dict(data_root=data_root, image_size=image_size))
 val_dataloader = dict(
     _delete_=True,
@@ -65,7 +67,7 @@ test_dataloader = val_dataloader
 test_evaluator = val_evaluator
 
 max_iters = 2000
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=1000)
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=1000)
 optim_wrapper = dict(optimizer=dict(lr=1e-3))
 param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=50)]
 auto_scale_lr = dict(base_batch_size=32)
@@ -74,6 +76,7 @@ custom_hooks = [
     dict(type='EMAHook', ema_type='ExponentialMovingAverage', momentum=0.01,
          update_buffers=False, priority='ABOVE_NORMAL'),
 ]
+randomness = dict(diff_rank_seed=False)
 default_hooks = dict(
     logger=dict(interval=10),
     checkpoint=dict(interval=1000, max_keep_ckpts=1))

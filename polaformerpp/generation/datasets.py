@@ -18,7 +18,7 @@ from mmengine.registry import DATASETS
 from PIL import Image
 from torch.utils.data import Dataset
 
-__all__ = ['ClassImageFolder', 'center_crop_image']
+__all__ = ['ClassImageFolder', 'RandomClassLabels', 'center_crop_image']
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 
@@ -123,3 +123,31 @@ class ClassImageFolder(Dataset):
             arr = arr[:, ::-1]
         inputs = torch.from_numpy(np.array(arr)).permute(2, 0, 1).contiguous()  # a writable copy
         return dict(inputs=inputs, data_samples=dict(gt_label=label, img_path=path))
+
+
+@DATASETS.register_module()
+class RandomClassLabels(Dataset):
+    """Class labels only, drawn uniformly at random: what an FID-50K run samples.
+
+    Items: ``dict(data_samples=dict(gt_label=int))``; the labels are
+    :func:`~polaformerpp.generation.random_class_labels` of ``seed``, the same
+    list that ``tools/generation/sample.py`` draws with that seed.
+    """
+
+    def __init__(self, num_samples: int = 50000, num_classes: int = 1000, seed: int = 0,
+                 test_mode: bool = True):
+        from .sampling import random_class_labels
+        if num_samples < 1 or num_classes < 1:
+            raise ValueError(f'num_samples and num_classes must be >= 1, got {num_samples}, {num_classes}')
+        self.labels = random_class_labels(num_samples, num_classes, seed)
+        self.num_classes = num_classes
+
+    @property
+    def metainfo(self) -> dict:
+        return dict(classes=list(range(self.num_classes)))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict:
+        return dict(data_samples=dict(gt_label=int(self.labels[index])))

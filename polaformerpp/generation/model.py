@@ -39,12 +39,13 @@ class DiffusionDataPreprocessor(BaseDataPreprocessor):
     """Stack uint8 images into ``[-1, 1]`` floats and gather the class labels."""
 
     def forward(self, data: dict, training: bool = False) -> dict:
-        images = data['inputs']
+        """Items without ``inputs`` (labels only, for sampling) give ``inputs=None``."""
+        images = data.get('inputs')
         if isinstance(images, (list, tuple)):
             images = torch.stack(list(images))
-        if images.dim() != 4 or images.shape[1] != 3:
+        if images is not None and (images.dim() != 4 or images.shape[1] != 3):
             raise ValueError(f'inputs must be RGB images (B, 3, H, W), got {tuple(images.shape)}')
-        if images.dtype != torch.uint8:
+        if images is not None and images.dtype != torch.uint8:
             raise TypeError(f'inputs must be uint8 images in [0, 255], got {images.dtype}')
         samples = data.get('data_samples')
         if isinstance(samples, dict):
@@ -56,7 +57,8 @@ class DiffusionDataPreprocessor(BaseDataPreprocessor):
         if labels is None:
             raise ValueError("data_samples must hold the class labels as 'gt_label'")
         labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
-        images = self.cast_data(images).float() / 127.5 - 1.0
+        if images is not None:
+            images = self.cast_data(images).float() / 127.5 - 1.0
         return dict(inputs=images, data_samples=dict(labels=self.cast_data(labels)))
 
 
@@ -73,12 +75,16 @@ class DiTDiffusion(BaseModel):
             (its weights are read on first use, so the model builds without them).
         num_timesteps (int): training chain length (linear betas).
         sample_cfg (dict): defaults for :meth:`sample` in ``predict`` mode:
-            ``num_steps``, ``sampler`` ('ddpm'/'ddim'), ``cfg_scale``, ``eta``,
+            ``num_steps``, ``sampler`` ('ddpm'/'ddim'), ``cfg_scale``, ``cfg_channels``
+            (guided output channels, None: all noise channels), ``eta``,
             ``clip_denoised`` (default: True in pixel space, False in latent space).
+        allow_tf32 (bool, optional): set PyTorch's TF32 switches for CUDA matmuls and
+            cuDNN when the model is built (``None``: leave them as they are).
     """
 
     def __init__(self, dit: dict, space: str = 'pixel', vae: Optional[dict] = None,
                  num_timesteps: int = 1000, sample_cfg: Optional[dict] = None,
+                 allow_tf32: Optional[bool] = None,
                  data_preprocessor: Optional[dict] = None, init_cfg: Optional[dict] = None):
         if data_preprocessor is None:
             data_preprocessor = dict(type='DiffusionDataPreprocessor')
@@ -86,6 +92,9 @@ class DiTDiffusion(BaseModel):
         if space not in SPACES:
             raise ValueError(f'space must be one of {SPACES}, got {space!r}')
         self.space = space
+        if allow_tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = bool(allow_tf32)
+            torch.backends.cudnn.allow_tf32 = bool(allow_tf32)
         self.dit = MODELS.build(dit) if isinstance(dit, dict) else dit
         if space == 'latent':
             if vae is None or not vae.get('path'):
@@ -102,8 +111,8 @@ class DiTDiffusion(BaseModel):
             self._vae = _Shared(None)
         self.diffusion = GaussianDiffusion(linear_beta_schedule(num_timesteps),
                                            learn_sigma=self.dit.learn_sigma)
-        self.sample_cfg = dict(num_steps=250, sampler='ddpm', cfg_scale=1.0, eta=0.0,
-                               clip_denoised=space == 'pixel')
+        self.sample_cfg = dict(num_steps=250, sampler='ddpm', cfg_scale=1.0, cfg_channels=None,
+                               eta=0.0, clip_denoised=space == 'pixel')
         self.sample_cfg.update(sample_cfg or {})
         self._respaced: Dict[int, GaussianDiffusion] = {}
 
@@ -155,12 +164,13 @@ class DiTDiffusion(BaseModel):
     def sample(self, labels: Union[Tensor, List[int]], num_steps: Optional[int] = None,
                sampler: Optional[str] = None, cfg_scale: Optional[float] = None,
                eta: Optional[float] = None, clip_denoised: Optional[bool] = None,
-               generator: Generators = None, progress=None) -> Tensor:
+               generator: Generators = None, progress=None,
+               cfg_channels: Optional[int] = None) -> Tensor:
         """Generate one image per label.
 
         Args:
             labels: ``(B,)`` class labels.
-            num_steps, sampler, cfg_scale, eta, clip_denoised: override ``sample_cfg``.
+            num_steps, sampler, cfg_scale, eta, clip_denoised, cfg_channels: override ``sample_cfg``.
             generator: ``None``, a ``torch.Generator`` or one per sample.
 
         Returns:
@@ -168,7 +178,7 @@ class DiTDiffusion(BaseModel):
         """
         cfg = dict(self.sample_cfg)
         for key, value in dict(num_steps=num_steps, sampler=sampler, cfg_scale=cfg_scale, eta=eta,
-                               clip_denoised=clip_denoised).items():
+                               clip_denoised=clip_denoised, cfg_channels=cfg_channels).items():
             if value is not None:
                 cfg[key] = value
         device = next(self.dit.parameters()).device
@@ -181,7 +191,8 @@ class DiTDiffusion(BaseModel):
         was_training = self.dit.training
         self.dit.eval()
         try:
-            x = diffusion.sample(guided_model_fn(self.dit, labels, float(cfg['cfg_scale'])), shape,
+            model_fn = guided_model_fn(self.dit, labels, float(cfg['cfg_scale']), cfg['cfg_channels'])
+            x = diffusion.sample(model_fn, shape,
                                  sampler=cfg['sampler'], eta=float(cfg['eta']), generator=generator,
                                  device=device, clip_denoised=bool(cfg['clip_denoised']),
                                  progress=progress)

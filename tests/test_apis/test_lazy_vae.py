@@ -10,7 +10,7 @@ from conftest import REPO_ROOT
 from polaformerpp.generation import SDVAE, DiTDiffusion, dit_param_count
 from polaformerpp.generation.vae import VAE_HELP
 
-LATENT_S2 = f'{REPO_ROOT}/configs/generation/dit-s-2_polapp_8xb32-400k_in1k-256.py'
+LATENT_S2 = f'{REPO_ROOT}/configs/generation/dit-s-2_polapp_8xb32-100e_in1k-256.py'
 
 
 def test_latent_dit_s2_config_builds_without_the_weights():

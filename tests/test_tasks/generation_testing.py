@@ -4,6 +4,7 @@ Imported by the ``test_*`` files of this folder (``from generation_testing impor
 """
 import os
 import os.path as osp
+import zipfile
 
 import numpy as np
 import torch
@@ -12,8 +13,9 @@ from polaformerpp.generation import DiT, DiTDiffusion
 
 PIXEL_CONFIG = 'configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py'
 DIGITS_CONFIG = 'configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-digits-16.py'
-LATENT_CONFIGS = {size: f'configs/generation/dit-{size}-2_polapp_8xb32-400k_in1k-256.py'
-                  for size in ('s', 'b', 'l', 'xl')}
+#: the published-name configs: the authors' run-s.sh (100 epochs) and run-b/-l.sh (90; XL likewise)
+LATENT_CONFIGS = {size: f'configs/generation/dit-{size}-2_polapp_8xb32-{epochs}e_in1k-256.py'
+                  for size, epochs in (('s', 100), ('b', 90), ('l', 90), ('xl', 90))}
 TINY_ARCH = dict(depth=2, hidden_size=32, num_heads=2, patch_size=2)
 
 
@@ -79,3 +81,29 @@ def make_shapes32(root, train_per_class=24, val_per_class=4, size=32, seed=0):
     with open(osp.join(root, 'meta', 'classes.txt'), 'w') as f:
         f.write('\n'.join(f'class{c}' for c in range(len(SHAPE_COLORS))) + '\n')
     return root
+
+
+def read_npz_like_adm(path, name='arr_0', batch=3):
+    """Read array ``name`` of an ``.npz`` as ADM's ``evaluations/evaluator.py`` streams it.
+
+    The zip member ``<name>.npy`` is opened inside the archive, its ``.npy``
+    header read (format 1.0 or 2.0, C order, no objects: the evaluator's
+    streaming path) and the data read in raw batches of ``batch`` images.
+    """
+    with open(path, 'rb') as f, zipfile.ZipFile(f, 'r') as archive:
+        assert f'{name}.npy' in archive.namelist(), f'{path}: no {name}'
+        with archive.open(f'{name}.npy', 'r') as member:
+            version = np.lib.format.read_magic(member)
+            assert version in ((1, 0), (2, 0)), version
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran_order, dtype = read_header(member)
+            assert not fortran_order and not dtype.hasobject
+            per_item = int(np.prod(shape[1:])) * dtype.itemsize
+            chunks = []
+            for start in range(0, shape[0], batch):
+                count = min(batch, shape[0] - start)
+                data = member.read(count * per_item)
+                assert len(data) == count * per_item, 'truncated array data'
+                chunks.append(np.frombuffer(data, dtype).reshape(count, *shape[1:]))
+    return np.concatenate(chunks)

@@ -42,6 +42,10 @@ def test_classifier_free_guidance_combination():
     latent = guided_model_fn(FakeNet(), torch.tensor([1, 2]), cfg_scale=4.0)(torch.zeros(2, 4, 4, 4), t)
     torch.testing.assert_close(latent[:, :4, 0, 0], eps_expected[:, None].expand(2, 4))
     torch.testing.assert_close(latent[:, 4:, 0, 0], torch.tensor([[101.0] * 4, [102.0] * 4]))
+    # channels=3, DiT's released sampler: the 4th noise channel and the variance stay conditional
+    dit3 = guided_model_fn(FakeNet(), torch.tensor([1, 2]), 4.0, channels=3)(torch.zeros(2, 4, 4, 4), t)
+    torch.testing.assert_close(dit3[:, :3, 0, 0], eps_expected[:, None].expand(2, 3))
+    torch.testing.assert_close(dit3[:, 3:, 0, 0], torch.tensor([[1.0] + [101.0] * 4, [2.0] + [102.0] * 4]))
 
 
 

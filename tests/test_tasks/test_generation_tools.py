@@ -1,11 +1,11 @@
-"""tools/generation: argument checks of sample.py and fid.py, fid.py on feature files."""
+"""tools/generation: argument checks, sample.py's .npz as ADM's evaluator reads it, fid.py on feature files."""
 import json
 
 import numpy as np
 import pytest
 
 from conftest import load_tool
-from generation_testing import PIXEL_CONFIG
+from generation_testing import PIXEL_CONFIG, read_npz_like_adm
 
 
 def test_generation_tools_bad_arguments_get_clear_errors(tmp_path):
@@ -21,6 +21,29 @@ def test_generation_tools_bad_arguments_get_clear_errors(tmp_path):
         fid.compute(fid.parse_args([str(images), str(images)]))
     with pytest.raises(FileNotFoundError, match='missing.npz'):
         fid.compute(fid.parse_args([str(images), str(tmp_path / 'missing.npz')]))
+
+
+def test_sample_npz_is_what_the_adm_evaluator_reads(tmp_path):
+    """A tiny demo run: ``arr_0`` uint8 (N, H, W, 3), exactly N, streamed as evaluator.py does."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import MODELS
+
+    from polaformerpp.generation import random_class_labels
+    sample = load_tool('tools/generation/sample.py')
+    cfg = Config.fromfile(PIXEL_CONFIG)
+    cfg.model.dit.arch = dict(depth=1, hidden_size=32, num_heads=2, patch_size=8)
+    cfg_file, ckpt = tmp_path / 'tiny.py', tmp_path / 'tiny.pth'
+    cfg.dump(str(cfg_file))
+    torch.manual_seed(0)
+    torch.save(dict(state_dict=MODELS.build(cfg.model).state_dict()), ckpt)
+    out = sample.main([str(cfg_file), str(ckpt), '--out-dir', str(tmp_path / 'fid'), '--num-samples', '5',
+                       '--batch-size', '2', '--steps', '2', '--num-grids', '0', '--no-progress'])
+    images = read_npz_like_adm(out, 'arr_0', batch=2)
+    assert images.dtype == np.uint8 and images.shape == (5, 32, 32, 3)
+    with np.load(out) as data:  # also as the evaluator's in-memory reader and FID tools do
+        np.testing.assert_array_equal(data['arr_0'], images)
+        np.testing.assert_array_equal(data['arr_1'], random_class_labels(5, 4, seed=0))
 
 
 def test_fid_tool_on_feature_files(tmp_path):

@@ -1,8 +1,11 @@
 """Sample class-conditional images from a trained DiT (single process or torchrun).
 
 Writes ``OUT/samples_<N>x<H>x<W>x3.npz`` (``arr_0``: uint8 ``(N, H, W, 3)``,
-``arr_1``: int64 labels; the layout the ADM / guided-diffusion FID suite
-reads) and PNG grids ``OUT/grid_<k>.png`` of the first samples.
+exactly N samples gathered from all processes in sample order, ``arr_1``:
+int64 labels; an uncompressed ``.npz``, the layout the ADM / guided-diffusion
+evaluator, ``evaluations/evaluator.py``, reads) and PNG grids
+``OUT/grid_<k>.png`` of the first samples. Without ``--labels`` the labels are
+drawn uniformly at random from ``--seed``, as DiT's FID sampler draws them.
 
 Sample ``i`` uses noise seeded by ``(seed, i)``, so a run gives the same images
 whatever the batch size or number of processes (up to floating-point
@@ -18,9 +21,8 @@ Examples::
 
     python tools/generation/sample.py CONFIG CKPT --out-dir samples --num-samples 64 \\
         --labels 207 360 387 974 88 979 417 279 --cfg-scale 4.0 --steps 250
-    python tools/generation/sample.py CONFIG CKPT --out-dir fid50k --num-samples 50000 \\
-        --cfg-scale 1.5 --batch-size 64                  # random labels, as for FID-50K
-    torchrun --nproc_per_node 8 tools/generation/sample.py CONFIG CKPT --launcher pytorch ...
+    torchrun --nproc_per_node 8 tools/generation/sample.py CONFIG CKPT --launcher pytorch \\
+        --out-dir fid50k --num-samples 50000             # FID-50K: the config's protocol
 """
 import argparse
 import math
@@ -73,7 +75,8 @@ def parse_args(argv=None):
     parser.add_argument('--sampler', choices=['ddpm', 'ddim'], default=None)
     parser.add_argument('--eta', type=non_negative_float, default=None, help='DDIM eta')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--batch-size', type=positive_int, default=16, help='samples per forward, per process')
+    parser.add_argument('--batch-size', type=positive_int, default=32,
+                        help='samples per forward, per process (DiT\'s sampler: 32)')
     parser.add_argument('--grid-nrow', type=positive_int, default=8, help='images per grid row')
     parser.add_argument('--grid-size', type=positive_int, default=64, help='images per PNG grid')
     parser.add_argument('--num-grids', type=non_negative_int, default=1, help='PNG grids to write (0: none)')
@@ -156,10 +159,9 @@ def resolve_labels(args, num_classes: int) -> np.ndarray:
         if bad:
             raise ArgumentCheckError(f'--labels must be in [0, {num_classes - 1}] (the model has '
                                      f'{num_classes} classes), got {bad}')
-        labels = np.resize(np.asarray(args.labels, np.int64), args.num_samples)
-    else:
-        labels = np.random.default_rng(args.seed).integers(0, num_classes, args.num_samples)
-    return labels.astype(np.int64)
+        return np.resize(np.asarray(args.labels, np.int64), args.num_samples)
+    from polaformerpp.generation import random_class_labels
+    return random_class_labels(args.num_samples, num_classes, args.seed)
 
 
 def samples_done(num_samples: int, world: int, batch_size: int, batches: int) -> int:
