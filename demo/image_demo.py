@@ -11,9 +11,9 @@ Examples::
 
     python demo/image_demo.py photo.jpg configs/classification/polapp-b0_8xb256_in1k.py \\
         --weights polapp-b0_in1k.pth
-    python demo/image_demo.py photo.jpg configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py \\
-        --weights work_dirs/mask-rcnn_polapp-b2_fpn_1x_coco/epoch_12.pth --out-dir outputs
-    python demo/image_demo.py photo.jpg configs/super_resolution/polapp-srlight_x2_2xb16-500k_div2k-64.py \\
+    python demo/image_demo.py photo.jpg configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py \\
+        --weights work_dirs/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco/epoch_12.pth --out-dir outputs
+    python demo/image_demo.py photo.jpg configs/super_resolution/polapp-srlight_x2_8xb16-500k_div2k-192.py \\
         --weights iter_500000.pth --device cuda
 
 What is written under ``--out-dir`` (default ``outputs``):

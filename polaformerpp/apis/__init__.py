@@ -19,7 +19,7 @@ Importing this package is cheap: the task packages are imported on first use.
 Example::
 
     from polaformerpp.apis import init_restorer, restore_image
-    model = init_restorer('configs/super_resolution/polapp-srlight_x4_2xb16-500k_div2k-64.py', 'x4.pth')
+    model = init_restorer('configs/super_resolution/polapp-srlight_x4_8xb16-500k_div2k-192.py', 'x4.pth')
     sr = restore_image(model, 'photo.png')            # (4 H, 4 W, 3) uint8, BGR
 """
 from .generation import init_generator, sample_images

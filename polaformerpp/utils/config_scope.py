@@ -2,7 +2,7 @@
 
 After ``import polaformerpp`` a config in any folder can write::
 
-    _base_ = ['polaformerpp::detection/mask-rcnn_polapp-b2_fpn_1x_coco.py']
+    _base_ = ['polaformerpp::detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py']
 
 mmengine (0.10) resolves ``pkg::path`` like this: the prefix must be a key of
 ``mmengine.config.utils.MODULE2PACKAGE``; its value is handed to

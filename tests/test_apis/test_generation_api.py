@@ -42,7 +42,7 @@ def test_clear_errors():
     with pytest.raises(ValueError, match='cfg_scale must be >= 1'):
         sample_images(model, [0], cfg_scale=0.5)
     with pytest.raises(TypeError, match='needs a DiTDiffusion config'):
-        init_generator('configs/super_resolution/polapp-srlight_x2_2xb16-500k_div2k-64.py')
+        init_generator('configs/super_resolution/polapp-srlight_x2_8xb16-500k_div2k-192.py')
 
 
 @pytest.mark.parametrize('path', LATENT_CONFIGS, ids=config_id)

@@ -19,7 +19,7 @@ from apis_testing import (
 )
 
 DET_CONFIGS = configs_of('detection')
-MAIN_CONFIG = 'configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py'
+MAIN_CONFIG = 'configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py'
 
 
 def _tiny(path, scale=None, max_per_img=20):

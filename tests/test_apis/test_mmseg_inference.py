@@ -20,7 +20,7 @@ from apis_testing import (
 )
 
 SEG_CONFIGS = configs_of('segmentation')
-MAIN_CONFIG = 'configs/segmentation/polapp-b2_lightham_8xb2-160k_ade20k-512x512.py'
+MAIN_CONFIG = 'configs/segmentation/polapp-b2_lightham_8xb8-160k_ade20k-512x512.py'
 
 
 def _check(sample, num_classes):

@@ -12,8 +12,8 @@ from mmengine.config import Config
 
 from conftest import REPO_ROOT, load_tool
 
-MASK_RCNN_B2 = 'configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py'
-RETINANET_B2 = 'configs/detection/retinanet_polapp-b2_fpn_1x_coco.py'
+MASK_RCNN_B2 = 'configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py'
+RETINANET_B2 = 'configs/detection/retinanet_polapp-b2_fpn_8xb2-amp-1x_coco.py'
 CLS_DEMO_CONFIG = 'configs/classification/polapp-b0_1xb32-30e_demo-shapes.py'
 
 

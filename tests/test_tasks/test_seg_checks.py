@@ -60,7 +60,7 @@ def _dataset(root, pipeline, split='training', type='CheckedADE20KDataset', **kw
 
 
 def test_ade20k_pipelines_on_ade20k_format_files(demo_ade):
-    cfg = Config.fromfile(osp.join(SEG_DIR, 'polapp-b2_lightham_8xb2-160k_ade20k-512x512.py'))
+    cfg = Config.fromfile(osp.join(SEG_DIR, 'polapp-b2_lightham_8xb8-160k_ade20k-512x512.py'))
     train = _dataset(demo_ade, cfg.train_pipeline)
     assert len(train) == 6 and train.metainfo['reduce_zero_label'] is True
     sample = train[0]

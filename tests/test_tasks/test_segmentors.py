@@ -23,7 +23,7 @@ from segmentation_testing import (
 @pytest.mark.parametrize('head', ['lightham', 'upernet'])
 @pytest.mark.parametrize('size', [(83, 121), (45, 70)])
 def test_whole_and_slide_inference_at_sizes_not_divisible_by_32(head, size):
-    name = ('polapp-b1_lightham_8xb2-160k_ade20k-512x512.py' if head == 'lightham'
+    name = ('polapp-b1_lightham_8xb8-160k_ade20k-512x512.py' if head == 'lightham'
             else 'upernet_polapp-b2_8xb2-160k_ade20k-512x512.py')
     cfg = Config.fromfile(osp.join(SEG_DIR, name))
     model = build_segmentor(cfg.model, tiny=True).eval()
@@ -80,7 +80,7 @@ def test_backbone_loads_imagenet_checkpoint_through_init_cfg(tmp_path):
 
 
 def test_frozen_stages_and_norm_eval_are_honoured():
-    cfg = Config.fromfile(osp.join(SEG_DIR, 'polapp-b1_lightham_8xb2-160k_ade20k-512x512.py'))
+    cfg = Config.fromfile(osp.join(SEG_DIR, 'polapp-b1_lightham_8xb8-160k_ade20k-512x512.py'))
     model = build_segmentor(cfg.model, tiny=True, frozen_stages=2, norm_eval=True)
     model.train()
     bb = model.backbone

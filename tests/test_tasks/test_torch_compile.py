@@ -25,8 +25,8 @@ from detection_testing import MASK_RCNN_B2, RETINANET_B2, TINY, build_detector, 
 from segmentation_testing import build_segmentor, seg_batch
 
 CLASSIFIER = 'configs/classification/polapp-b0_8xb256_in1k.py'
-LIGHTHAM = 'configs/segmentation/polapp-b1_lightham_8xb2-160k_ade20k-512x512.py'
-SR_X2 = 'configs/super_resolution/polapp-srlight_x2_2xb16-500k_div2k-64.py'
+LIGHTHAM = 'configs/segmentation/polapp-b1_lightham_8xb8-160k_ade20k-512x512.py'
+SR_X2 = 'configs/super_resolution/polapp-srlight_x2_8xb16-500k_div2k-192.py'
 DIT = 'configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py'
 TOLERANCE = 1e-4
 #: one input size for the backbone tests: their kernels are then compiled once and shared

@@ -10,7 +10,7 @@ from polaformerpp.utils.cli import run_cli
 
 TOOL = 'tools/analysis_tools/benchmark.py'
 B0 = osp.join(REPO_ROOT, 'configs', 'classification', 'polapp-b0_8xb256_in1k.py')
-RETINANET_B2 = osp.join(REPO_ROOT, 'configs', 'detection', 'retinanet_polapp-b2_fpn_1x_coco.py')
+RETINANET_B2 = osp.join(REPO_ROOT, 'configs', 'detection', 'retinanet_polapp-b2_fpn_8xb2-amp-1x_coco.py')
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 

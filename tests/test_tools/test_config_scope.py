@@ -21,8 +21,8 @@ from conftest import REPO_ROOT, load_tool, run_tool
 from polaformerpp.utils import installed_config_dir, is_config_scope_registered, register_config_scope
 
 CLS_CONFIG = 'classification/polapp-b0_8xb256_in1k.py'
-DET_CONFIG = 'detection/mask-rcnn_polapp-b2_fpn_1x_coco.py'
-SEG_CONFIG = 'segmentation/polapp-b1_lightham_8xb2-160k_ade20k-512x512.py'
+DET_CONFIG = 'detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py'
+SEG_CONFIG = 'segmentation/polapp-b1_lightham_8xb8-160k_ade20k-512x512.py'
 TRAIN = osp.join(REPO_ROOT, 'tools', 'train.py')
 TINY = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4])
 TINY_SRC = 'dict(_delete_=True, ' + ', '.join(f'{k}={v!r}' for k, v in TINY.items()) + ')'

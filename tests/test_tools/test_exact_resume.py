@@ -32,7 +32,7 @@ from polaformerpp.engine.runner import elastic_restart_count
 
 HERE = osp.dirname(osp.abspath(__file__))
 DEMO_CONFIG = osp.join(REPO_ROOT, 'configs', 'classification', 'polapp-b0_1xb32-30e_demo-shapes.py')
-SR_X2_CONFIG = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_2xb16-500k_div2k-64.py')
+SR_X2_CONFIG = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_8xb16-500k_div2k-192.py')
 #: log fields that measure the machine, not the training
 UNTIMED = {'time', 'data_time', 'eta', 'memory'}
 
@@ -403,9 +403,9 @@ def test_pola_runner_swaps_loops_and_checkpoint_hook(tmp_path):
 @pytest.mark.parametrize('config', [
     'configs/classification/polapp-b0_1xb32-30e_demo-shapes.py',
     'configs/segmentation/polapp-b1_lightham_1xb8-1k_demo-ade20k-64x64.py',
-    'configs/super_resolution/polapp-srlight_x2_2xb16-500k_div2k-64.py',
+    'configs/super_resolution/polapp-srlight_x2_8xb16-500k_div2k-192.py',
     'configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py',
-    'configs/detection/retinanet_polapp-b2_fpn_1x_coco.py',
+    'configs/detection/retinanet_polapp-b2_fpn_8xb2-amp-1x_coco.py',
 ])
 def test_shipped_configs_use_pola_runner(config):
     from mmengine.config import Config

@@ -68,7 +68,7 @@ def test_summary_from_the_steps_outputs(tmp_path):
     losses = {'loss': 5.0, 'loss_rpn_cls': 0.7}
     step = dict(losses=losses, backbone_grad_norm=2.0, step_ms=400.0, peak_mem_gib=10.0)
     (out / 'train_step.json').write_text(json.dumps(dict(
-        config='configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py', image_hw=[800, 1280], batch=2,
+        config='configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py', image_hw=[800, 1280], batch=2,
         amp_scope='model', attention_layers=4, device='GPU',
         backends=dict(triton=dict(step, losses={'loss': 5.001, 'loss_rpn_cls': 0.7}, step_ms=300.0), torch=step),
         loss_rel_diff={'loss': 2e-4, 'loss_rpn_cls': 0.0}, backbone_grad_norm_rel_diff=1e-3, losses_equal=True)))

@@ -10,11 +10,11 @@ import pytest
 from conftest import REPO_ROOT, load_tool, run_tool
 
 CLS_B0 = 'configs/classification/polapp-b0_8xb256_in1k.py'
-MASK_RCNN_B2 = 'configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py'
-LIGHTHAM_B1 = 'configs/segmentation/polapp-b1_lightham_8xb2-160k_ade20k-512x512.py'
+MASK_RCNN_B2 = 'configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py'
+LIGHTHAM_B1 = 'configs/segmentation/polapp-b1_lightham_8xb8-160k_ade20k-512x512.py'
 UPERNET_B2 = 'configs/segmentation/upernet_polapp-b2_8xb2-160k_ade20k-512x512.py'
-SR_X2 = 'configs/super_resolution/polapp-srlight_x2_2xb16-500k_div2k-64.py'
-DIT_S = 'configs/generation/dit-s-2_polapp_8xb32-400k_in1k-256.py'
+SR_X2 = 'configs/super_resolution/polapp-srlight_x2_8xb16-500k_div2k-192.py'
+DIT_S = 'configs/generation/dit-s-2_polapp_8xb32-100e_in1k-256.py'
 
 
 @pytest.fixture(scope='module')

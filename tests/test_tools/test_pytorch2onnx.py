@@ -17,9 +17,9 @@ from polaformerpp.utils.cli import run_cli
 
 TOOL = 'tools/deployment/pytorch2onnx.py'
 B0 = osp.join(REPO_ROOT, 'configs', 'classification', 'polapp-b0_8xb256_in1k.py')
-LIGHTHAM_B1 = osp.join(REPO_ROOT, 'configs', 'segmentation', 'polapp-b1_lightham_8xb2-160k_ade20k-512x512.py')
-MASK_RCNN_B2 = osp.join(REPO_ROOT, 'configs', 'detection', 'mask-rcnn_polapp-b2_fpn_1x_coco.py')
-SR_X2 = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_2xb16-500k_div2k-64.py')
+LIGHTHAM_B1 = osp.join(REPO_ROOT, 'configs', 'segmentation', 'polapp-b1_lightham_8xb8-160k_ade20k-512x512.py')
+MASK_RCNN_B2 = osp.join(REPO_ROOT, 'configs', 'detection', 'mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py')
+SR_X2 = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_8xb16-500k_div2k-192.py')
 DIT = osp.join(REPO_ROOT, 'configs', 'generation', 'dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py')
 TINY_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], cls_proj_channels=64)
 @pytest.fixture(autouse=True)

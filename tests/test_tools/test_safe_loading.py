@@ -15,7 +15,7 @@ from polaformerpp.utils import UnsafeCheckpointError, load_checkpoint_file
 
 DEMO_CONFIG = osp.join(REPO_ROOT, 'configs', 'classification', 'polapp-b0_1xb32-30e_demo-shapes.py')
 PIXEL_CONFIG = osp.join(REPO_ROOT, 'configs', 'generation', 'dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py')
-SR_CONFIG = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_2xb16-500k_div2k-64.py')
+SR_CONFIG = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_8xb16-500k_div2k-192.py')
 TINY_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], cls_proj_channels=64)
 TINY_DIT = ['model.dit.arch.hidden_size=32', 'model.dit.arch.depth=1', 'model.dit.arch.num_heads=2']
 

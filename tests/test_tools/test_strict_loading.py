@@ -77,7 +77,7 @@ def test_apis_and_analysis_refuse_unless_allow_partial(checkpoints):
 
     from polaformerpp.apis.config_loading import build_from_config, load_config
     from polaformerpp.restoration import SRRestorer
-    sr_config = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_2xb16-500k_div2k-64.py')
+    sr_config = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_8xb16-500k_div2k-192.py')
     with pytest.raises(CheckpointMismatchError, match='does not fit the model'):
         build_from_config(load_config(sr_config), SRRestorer, checkpoints['good'], 'cpu', 'init_restorer')
 

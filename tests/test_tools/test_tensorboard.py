@@ -20,9 +20,9 @@ from polaformerpp.utils.runtime import add_tensorboard_backend
 DEMO_CONFIG = 'configs/classification/polapp-b0_1xb32-30e_demo-shapes.py'
 TASK_CONFIGS = {
     'classification': (DEMO_CONFIG, 'UniversalVisualizer'),
-    'detection': ('configs/detection/retinanet_polapp-b2_fpn_1x_coco.py', 'DetLocalVisualizer'),
+    'detection': ('configs/detection/retinanet_polapp-b2_fpn_8xb2-amp-1x_coco.py', 'DetLocalVisualizer'),
     'segmentation': ('configs/segmentation/polapp-b1_lightham_1xb8-1k_demo-ade20k-64x64.py', 'SegLocalVisualizer'),
-    'super_resolution': ('configs/super_resolution/polapp-srlight_x2_2xb16-500k_div2k-64.py', 'Visualizer'),
+    'super_resolution': ('configs/super_resolution/polapp-srlight_x2_8xb16-500k_div2k-192.py', 'Visualizer'),
     'generation': ('configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py', 'Visualizer'),
 }
 

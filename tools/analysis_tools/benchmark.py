@@ -38,7 +38,7 @@ Examples::
     python tools/analysis_tools/benchmark.py configs/classification/polapp-b2_8xb256_in1k.py --batch-size 64
     python tools/analysis_tools/benchmark.py CONFIG --device cpu --threads 4 --repeat 5
     python tools/analysis_tools/benchmark.py CONFIG --checkpoint CKPT --amp bf16 --out-json bench.json
-    python tools/analysis_tools/benchmark.py configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py \\
+    python tools/analysis_tools/benchmark.py configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py \\
         --compare swin-t convnext-t --resolutions 224 512 1024 2048 --device cpu --threads 2
 """
 import argparse

@@ -47,7 +47,7 @@ BENCHMARK = 'tools/analysis_tools/benchmark_attention.py'
 BENCH_SEQ_LENS = (4096, 16384, 65536, 131072, 200704)  # 200704 = 448^2: b2 stage 1 at 1792^2
 BENCH_SHAPES = ('2x1x64000', '2x2x16000')  # b2 stages 1 and 2 in Mask R-CNN at 1280x800, 2 images
 BENCH_BACKENDS = ('pola-triton', 'sdpa', 'pola-torch')
-DETECTION_CONFIG = 'configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py'
+DETECTION_CONFIG = 'configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py'
 TRAIN_IMAGE_HW = (800, 1280)
 DEMO_CONFIG = 'configs/classification/polapp-b0_1xb32-30e_demo-shapes.py'
 LOSS_RTOL = 1e-2

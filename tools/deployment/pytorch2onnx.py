@@ -41,9 +41,9 @@ Examples::
 
     python tools/deployment/pytorch2onnx.py configs/classification/polapp-b0_8xb256_in1k.py \\
         polapp-b0_in1k.pth --out b0.onnx --dynamic --verify
-    python tools/deployment/pytorch2onnx.py configs/detection/mask-rcnn_polapp-b2_fpn_1x_coco.py \\
+    python tools/deployment/pytorch2onnx.py configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py \\
         mask-rcnn_b2.pth --out b2_backbone.onnx --shape 512 768 --dynamic --verify
-    python tools/deployment/pytorch2onnx.py configs/super_resolution/polapp-srlight_x2_2xb16-500k_div2k-64.py \\
+    python tools/deployment/pytorch2onnx.py configs/super_resolution/polapp-srlight_x2_8xb16-500k_div2k-192.py \\
         --out srlight_x2.onnx --shape 64 --dynamic --verify
 """
 import argparse
