@@ -1,4 +1,5 @@
-"""``tools/train.py --accumulate N``: the images per step, schedule and EMA of a recipe on fewer GPUs."""
+"""``tools/train.py --accumulate N``: the images per step, schedule and EMA of a recipe on fewer GPUs;
+``tools/model_converters/extract_weights.py`` on the EMA checkpoint it writes."""
 import glob
 import os.path as osp
 
@@ -99,3 +100,21 @@ def test_accumulated_run_equals_the_large_batch_run(demo_in1k, tmp_path):
                 torch.testing.assert_close(acc[key], value, rtol=1e-4, atol=2e-6, msg=key)
     # (EMAHook swaps them: the file's state_dict holds the EMA weights, ema_state_dict the raw ones)
     assert int(runs['accumulated'][1]['steps']) == 5  # averaged-model calls from iteration 1 on (6 - 1)
+
+    # the raw weights of that checkpoint, written out and loaded as a dense backbone's init_cfg
+    checkpoint = osp.join(str(tmp_path / 'accumulated'), 'epoch_1.pth')
+    raw_file, ema_file = str(tmp_path / 'raw.pth'), str(tmp_path / 'ema.pth')
+    for weights, out in (('raw', raw_file), ('ema', ema_file)):
+        run_tool(['tools/model_converters/extract_weights.py', checkpoint, out, '--weights', weights])
+    ema, raw = runs['accumulated']
+    written = torch.load(raw_file, weights_only=True)['state_dict']
+    assert set(written) == set(ema) and all(torch.equal(written[k], raw['module.' + k]) for k in written)
+    written = torch.load(ema_file, weights_only=True)['state_dict']
+    assert all(torch.equal(written[k], ema[k]) for k in ema)
+    from polaformerpp.models.backbones import PolaFormerPP
+    backbone = PolaFormerPP(arch='b0', out_indices=(0, 1, 2, 3),
+                            init_cfg=dict(type='Pretrained', checkpoint=raw_file, prefix='backbone.'))
+    backbone.init_weights()
+    stem = 'backbone.stem.0.conv.weight'
+    assert not torch.equal(ema[stem], raw['module.' + stem])
+    assert torch.equal(backbone.state_dict()['stem.0.conv.weight'], raw['module.' + stem])

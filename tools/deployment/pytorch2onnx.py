@@ -120,14 +120,19 @@ class ClassifierLogits(nn.Module):
 
 
 class SRNetwork(nn.Module):
-    """The network of an :class:`~polaformerpp.restoration.SRRestorer`: normalised LR -> normalised SR."""
+    """The network of an :class:`~polaformerpp.restoration.SRRestorer`: normalised LR -> normalised SR.
+
+    The network alone (it pads to its window internally, so any size runs): the
+    restorer's test-time mirror padding to the window (``pad_to_window``) and
+    tiling (``tile``) stay outside the graph, in the caller's hands.
+    """
 
     def __init__(self, restorer: nn.Module):
         super().__init__()
         self.restorer = restorer
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.restorer(inputs, mode='tensor')
+        return self.restorer.network(inputs)
 
 
 class Exportable(NamedTuple):
