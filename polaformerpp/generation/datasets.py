@@ -18,6 +18,8 @@ from mmengine.registry import DATASETS
 from PIL import Image
 from torch.utils.data import Dataset
 
+from .sampling import random_class_labels
+
 __all__ = ['ClassImageFolder', 'RandomClassLabels', 'center_crop_image']
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
@@ -136,7 +138,6 @@ class RandomClassLabels(Dataset):
 
     def __init__(self, num_samples: int = 50000, num_classes: int = 1000, seed: int = 0,
                  test_mode: bool = True):
-        from .sampling import random_class_labels
         if num_samples < 1 or num_classes < 1:
             raise ValueError(f'num_samples and num_classes must be >= 1, got {num_samples}, {num_classes}')
         self.labels = random_class_labels(num_samples, num_classes, seed)

@@ -43,10 +43,11 @@ class DiffusionDataPreprocessor(BaseDataPreprocessor):
         images = data.get('inputs')
         if isinstance(images, (list, tuple)):
             images = torch.stack(list(images))
-        if images is not None and (images.dim() != 4 or images.shape[1] != 3):
-            raise ValueError(f'inputs must be RGB images (B, 3, H, W), got {tuple(images.shape)}')
-        if images is not None and images.dtype != torch.uint8:
-            raise TypeError(f'inputs must be uint8 images in [0, 255], got {images.dtype}')
+        if images is not None:
+            if images.dim() != 4 or images.shape[1] != 3:
+                raise ValueError(f'inputs must be RGB images (B, 3, H, W), got {tuple(images.shape)}')
+            if images.dtype != torch.uint8:
+                raise TypeError(f'inputs must be uint8 images in [0, 255], got {images.dtype}')
         samples = data.get('data_samples')
         if isinstance(samples, dict):
             labels = samples.get('gt_label')

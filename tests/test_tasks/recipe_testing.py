@@ -48,14 +48,14 @@ def build_model(cfg):
 
 
 def _wrapper_cfg(cfg):
-    """``cfg.optim_wrapper``; without CUDA an ``AmpOptimWrapper`` (which mmengine refuses to
-    build on the CPU) becomes a plain ``OptimWrapper``: the same optimizer and param groups."""
-    wrapper_cfg = copy.deepcopy(cfg.optim_wrapper)
-    if str(wrapper_cfg.get('type', '')).endswith('AmpOptimWrapper') and not torch.cuda.is_available():
-        wrapper_cfg['type'] = 'OptimWrapper'
-        for key in ('loss_scale', 'dtype', 'use_fsdp'):
-            wrapper_cfg.pop(key, None)
-    return wrapper_cfg
+    """``cfg.optim_wrapper`` as the tools build it on this machine (``adapt_cfg_to_device``:
+    without CUDA an ``AmpOptimWrapper`` becomes an ``OptimWrapper`` with the same param groups)."""
+    from mmengine.config import ConfigDict
+
+    from polaformerpp.utils.runtime import adapt_cfg_to_device
+    runnable = ConfigDict(optim_wrapper=copy.deepcopy(cfg.optim_wrapper))
+    adapt_cfg_to_device(runnable)
+    return runnable.optim_wrapper
 
 
 def _optim_wrapper(cfg, model):
@@ -124,6 +124,24 @@ def lr_at(cfg, iterations: Sequence[int], epoch_length: Optional[int] = None) ->
                 if scheduler.by_epoch:
                     scheduler.step()
     return [values[i] for i in iterations]
+
+
+def authors_name(name: str) -> str:
+    """The name the authors' detector / segmentor gives a parameter ``name`` of ours.
+
+    Backbone parameters map through the converter's :func:`official_key`, the
+    dense outputs' ``norm<i>`` to their ``extra_norms.<i>.norm``; necks and heads
+    are the libraries' modules, named alike in both.
+    """
+    from polaformerpp.models.backbones.polaformerpp_convert import official_key
+    if not name.startswith('backbone.'):
+        return name
+    out_norm = re.fullmatch(r'backbone\.norm(\d)\.(weight|bias)', name)
+    if out_norm:
+        return f'backbone.extra_norms.{out_norm[1]}.norm.{out_norm[2]}'
+    key = official_key(name)
+    assert key, name
+    return 'backbone.' + key
 
 
 def norm_training_modes(model) -> Dict[str, bool]:

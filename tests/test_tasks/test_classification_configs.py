@@ -8,7 +8,7 @@ import torch
 from mmengine.config import Config
 
 from conftest import REPO_ROOT
-from recipe_testing import decayed_names, images_per_iteration, lr_at, norm_training_modes
+from recipe_testing import build_model, decayed_names, images_per_iteration, lr_at, norm_training_modes
 
 AUTHORS_PARAMS = dict(b0=7_548_712, b1=9_227_496, b2=16_450_664, b3=27_145_896, b4=49_798_792,
                       b5=97_773_000)
@@ -27,17 +27,6 @@ def authors_decays(name, param):
     return authors_ndim > 1 and not name.endswith('.bias')
 
 
-def build_classifier(cfg):
-    from mmengine.registry import init_default_scope
-    from mmpretrain.registry import MODELS
-
-    import polaformerpp  # noqa: F401
-    init_default_scope('mmpretrain')
-    model_cfg = cfg.model.copy()
-    model_cfg.setdefault('data_preprocessor', cfg.get('data_preprocessor'))  # as the Runner does
-    return MODELS.build(model_cfg)
-
-
 def test_all_six_archs_have_a_config():
     names = {osp.basename(c).split('_')[0] for c in CONFIGS}
     assert names == {f'polapp-b{i}' for i in range(6)}
@@ -47,7 +36,7 @@ def test_all_six_archs_have_a_config():
 def test_config_builds_with_authors_param_count(path):
     cfg = Config.fromfile(path)
     arch = cfg.model.backbone.arch
-    model = build_classifier(cfg)
+    model = build_model(cfg)
     assert sum(p.numel() for p in model.parameters()) == AUTHORS_PARAMS[arch]
     # published recipe pieces
     assert cfg.optim_wrapper.optimizer.type == 'AdamW'
@@ -122,7 +111,7 @@ def test_pipelines_and_data_preprocessor_run():
 
 def test_classifier_forward_loss_and_predict():
     cfg = Config.fromfile(CONFIGS[0])
-    model = build_classifier(cfg)
+    model = build_model(cfg)
     model.init_weights()
     from mmpretrain.structures import DataSample
     data = dict(inputs=[torch.randint(0, 255, (3, 97, 131), dtype=torch.uint8) for _ in range(2)],

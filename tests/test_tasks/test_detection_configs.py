@@ -5,7 +5,6 @@ images, and its pipelines read COCO-format data."""
 import copy
 import glob
 import os.path as osp
-import re
 
 import pytest
 import torch
@@ -20,7 +19,14 @@ from detection_testing import (  # noqa: F401 (fixtures)
     one_thread,
     use_mmdet,
 )
-from recipe_testing import build_model, images_per_iteration, lr_at, norm_training_modes, optimizer_groups
+from recipe_testing import (
+    authors_name,
+    build_model,
+    images_per_iteration,
+    lr_at,
+    norm_training_modes,
+    optimizer_groups,
+)
 
 DET_DIR = osp.join(REPO_ROOT, 'configs', 'detection')
 CONFIGS = sorted(glob.glob(osp.join(DET_DIR, '*.py')))
@@ -45,15 +51,6 @@ COCO_EPOCH_ITERS = 7330
 
 def _arch(path):
     return osp.basename(path).split('_')[1].split('-')[1]
-
-
-def _runnable_cfg(path, **options):
-    """The config as the tools run it on this machine: mmengine builds AmpOptimWrapper only with
-    CUDA, so without it the tools train in fp32 with the same optimizer (a no-op with CUDA)."""
-    from polaformerpp.utils.runtime import adapt_cfg_to_device
-    cfg = load_cfg(path, **options)
-    adapt_cfg_to_device(cfg)
-    return cfg
 
 
 def test_every_published_config_exists():
@@ -113,20 +110,6 @@ def test_config_settings(path):
         assert cfg.train_cfg.max_epochs == 12 and steps.milestones == [8, 11]
 
 
-def _authors_name(name):
-    """The name the authors' detector gives the parameter ``name`` of ours (mmdet's neck and head
-    names are those of mmdet 2.x)."""
-    from polaformerpp.models.backbones.polaformerpp_convert import official_key
-    if not name.startswith('backbone.'):
-        return name
-    match = re.fullmatch(r'backbone\.norm(\d)\.(weight|bias)', name)
-    if match:  # the dense-output LayerNorms
-        return f'backbone.extra_norms.{match[1]}.norm.{match[2]}'
-    key = official_key(name)
-    assert key, name
-    return 'backbone.' + key
-
-
 @pytest.mark.parametrize('path', CONFIGS, ids=osp.basename)
 def test_built_model_follows_the_authors(path):
     """The optimizer mmengine builds for the real model, and the backbone's training state.
@@ -136,7 +119,7 @@ def test_built_model_follows_the_authors(path):
     multipliers. Norm layers all train (nothing frozen, no norm_eval); drop path and
     layer-scale initial values are the authors' per-arch values.
     """
-    cfg = _runnable_cfg(path, **{'model.backbone.init_cfg': None})
+    cfg = load_cfg(path, **{'model.backbone.init_cfg': None})
     model = build_model(cfg)
     groups = optimizer_groups(cfg, model)
     assert {g['lr'] for g in groups} == {1e-4}
@@ -146,7 +129,7 @@ def test_built_model_follows_the_authors(path):
     if cfg.model.type == 'RetinaNet':
         assert set(decay.values()) == {1e-4}
     else:
-        expected = {n: 0.0 if 'norm' in _authors_name(n) else 0.05 for n in trainable}
+        expected = {n: 0.0 if 'norm' in authors_name(n) else 0.05 for n in trainable}
         assert decay == expected
         exempt = {n for n, wd in decay.items() if wd == 0}
         assert any('.stem.0.bn.' in n for n in trainable - exempt)  # the stem BNs are decayed
@@ -173,7 +156,7 @@ def _authors_lr(iteration, steps, epoch_length, base_lr=1e-4, warmup_iters=500, 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=osp.basename)
 def test_learning_rate_schedule(path):
-    cfg = _runnable_cfg(path)
+    cfg = load_cfg(path)
     length = COCO_EPOCH_ITERS
     steps = [27, 33] if '3x' in path else [8, 11]
     epochs = cfg.train_cfg.max_epochs

@@ -12,6 +12,7 @@ from mmengine.config import Config
 
 from conftest import REPO_ROOT, load_tool
 from recipe_testing import (
+    authors_name,
     build_model,
     decayed_names,
     images_per_iteration,
@@ -132,21 +133,6 @@ def test_ade20k_config_carries_published_recipe(name):
     assert cfg.tta_model.type == 'SegTTAModel'
 
 
-def _authors_name(name):
-    """The authors' name of one of this project's segmentor parameters (backbone or head)."""
-    import re
-
-    from polaformerpp.models.backbones.polaformerpp_convert import official_key
-    if name.startswith('backbone.'):
-        out_norm = re.fullmatch(r'backbone\.norm(\d)\.(weight|bias)', name)
-        if out_norm:  # the dense outputs' norms: their extra_norms
-            return f'backbone.extra_norms.{out_norm[1]}.norm.{out_norm[2]}'
-        key = official_key(name)
-        assert key is not None, name
-        return 'backbone.' + key
-    return name  # mmseg's heads: the same modules in both
-
-
 @pytest.mark.parametrize('name', sorted(ADE_CONFIGS))
 def test_weight_decay_and_lr_multipliers_of_the_built_optimizer(name):
     """Their paramwise_cfg (polapp_b*.py:50-55, mmcv's matching: a key is a substring of
@@ -155,7 +141,7 @@ def test_weight_decay_and_lr_multipliers_of_the_built_optimizer(name):
     cfg = Config.fromfile(osp.join(SEG_DIR, name))
     model = build_model(cfg)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    expected = {n for n in names if 'norm' not in _authors_name(n)}
+    expected = {n for n in names if 'norm' not in authors_name(n)}
     decayed = decayed_names(cfg, model)
     assert decayed == expected
     # what that means in this project's names

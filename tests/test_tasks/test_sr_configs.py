@@ -5,7 +5,6 @@ downstream/sr/options/{train,test}/mambairv2/*_x{3,4}.yml, and the test() of
 downstream/sr/basicsr/models/mambairv2light_model.py); x2 has no release
 recipe and uses theirs with the scale changed.
 """
-import copy
 
 import numpy as np
 import pytest
@@ -30,13 +29,6 @@ VAL_SET = {2: 'Set14', 3: 'Set14', 4: 'Set5'}
 @pytest.fixture(scope='module')
 def configs():
     return {s: Config.fromfile(path) for s, path in SR_CONFIGS.items()}
-
-
-def _in_root_scope(cfg):
-    """The config with ``default_scope='mmengine'``: the root registries where ``None`` builds."""
-    cfg = copy.deepcopy(cfg)
-    cfg.default_scope = 'mmengine'
-    return cfg
 
 
 @pytest.mark.parametrize('scale', [2, 3, 4])
@@ -74,7 +66,7 @@ def test_data_and_protocol(configs, scale):
 
 @pytest.mark.parametrize('scale', [2, 3, 4])
 def test_model_and_optimizer(configs, scale):
-    cfg = _in_root_scope(configs[scale])
+    cfg = configs[scale]
     model = build_model(cfg)
     assert model.network.upscale == scale and model.pad_multiple == 16
     assert sum(p.numel() for p in model.parameters()) == {2: 923_852, 3: 930_347, 4: 939_440}[scale]
@@ -95,7 +87,7 @@ def test_model_and_optimizer(configs, scale):
 
 def test_schedule_is_the_release_multistep(configs):
     """No warm-up; lr = 2e-4 * 0.5^(milestones passed); basicsr steps it after every iteration."""
-    cfg = _in_root_scope(configs[3])
+    cfg = configs[3]
     for scale in (2, 4):
         assert configs[scale].param_scheduler == configs[3].param_scheduler
     milestones = (250000, 400000, 450000, 475000)
