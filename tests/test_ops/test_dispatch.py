@@ -54,3 +54,34 @@ def test_value_contract_errors(backend):
     cos[:, 1] += 0.1
     with pytest.raises(ValueError, match='must give both channels of a rotation pair'):
         pola_attention(q, k, v, ts, to, rope=(sin, cos), backend=backend)
+
+
+def test_gated_attention_under_autograd_is_the_plain_form():
+    """With autograd recording ``pola_attention_gated`` is ``gated_output(pola_attention(...))``:
+    same values and same gradients for every input, LePE and gate included."""
+    from polaformerpp.ops import gated_output, pola_attention_gated
+    B, h, N, d = 2, 2, 12, 4
+    inputs = [t.double() for t in make_inputs(B, h, N, d)]
+    g = torch.Generator().manual_seed(5)
+    lepe, gate = (torch.randn(B, N, h * d, generator=g, dtype=torch.float64) for _ in range(2))
+    leaves = [t.clone().requires_grad_(True) for t in (*inputs, lepe, gate)]
+    out = pola_attention_gated(*leaves[:5], leaves[5], leaves[6], rope=RopeGrid(3, 4))
+    plain = [t.clone().requires_grad_(True) for t in (*inputs, lepe, gate)]
+    ref = gated_output(pola_attention(*plain[:5], rope=RopeGrid(3, 4), backend='torch'), plain[5], plain[6])
+    torch.testing.assert_close(out, ref)
+    weights = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (out * weights).sum().backward()
+    (ref * weights).sum().backward()
+    for a, b in zip(leaves, plain):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize('which', ['lepe', 'gate'])
+def test_gated_attention_checks_its_epilogue(which):
+    from polaformerpp.ops import pola_attention_gated
+    q, k, v, ts, to = _good()  # B=1, h=2, N=6, d=4
+    terms = dict(lepe=torch.zeros(1, 6, 8), gate=torch.zeros(1, 6, 8))
+    terms[which] = torch.zeros(1, 8, 6)  # heads-major, not tokens
+    with pytest.raises(ValueError) as info:
+        pola_attention_gated(q, k, v, ts, to, **terms)
+    assert f'{which} must have shape (B, N, h * dv) = (1, 6, 8), got (1, 8, 6)' in str(info.value)

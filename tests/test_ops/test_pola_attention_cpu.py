@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ops_testing import assert_close_rel, grid_for
-from polaformerpp.ops import available_backends, pola_attention, pola_attention_torch, pola_rope_tables
+from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_attention_torch, pola_rope_tables
 
 pytestmark = pytest.mark.skipif('cpu' not in available_backends(),
                                 reason='fused CPU kernels not built (tools/setup_env.sh builds them)')
@@ -144,3 +144,29 @@ def test_rope_tables_with_other_strides():
     wide[:, 3:19] = cos
     out = pola_attention(q, k, v, ts, to, rope=(sin, wide[:, 3:19]), backend='cpu')
     assert_close_rel(out, pola_attention(q, k, v, ts, to, rope=(sin, cos), backend='cpu'), 1e-7)
+
+
+@pytest.mark.parametrize('B,h,N,use_rope,chunk', [(2, 1, 48, True, None), (1, 3, 35, False, None),
+                                                  (2, 2, 30, True, 7)])
+def test_gated_epilogue_matches_plain_form(B, h, N, use_rope, chunk):
+    """The fused readout (products onto the LePE term, token layout, gate per chunk) equals
+    ``(merge(attn) + lepe) * gate`` from the torch backend, on strided views of one projection."""
+    from polaformerpp.ops import gated_output
+    from polaformerpp.ops.pola_attention.cpu import pola_attention_cpu
+    d = 8
+    g = torch.Generator().manual_seed(3)
+    proj = torch.randn(B, N, 4 * h * d, generator=g)  # [q | k | v | gate], as in_proj writes it
+    q, k, v, gate = proj.chunk(4, dim=-1)
+    q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in (q, k, v))
+    lepe = torch.randn(B, N, h * d, generator=g)
+    ts, to = (torch.rand(h, 2 * d, generator=g) * 0.9 + 0.05 for _ in range(2))
+    rope = RopeGrid(*grid_for(N)) if use_rope else None
+    expected = gated_output(pola_attention_torch(q, k, v, ts, to, rope), lepe, gate)
+    lepe_before = lepe.clone()
+    out = pola_attention_cpu(q, k, v, ts, to, rope, chunk_size=chunk, lepe=lepe, gate=gate)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(lepe, lepe_before)  # not writable: a copy carries the sum
+    writable = lepe.clone()
+    out = pola_attention_cpu(q, k, v, ts, to, rope, chunk_size=chunk, lepe=writable, gate=gate, lepe_writable=True)
+    assert out.data_ptr() == writable.data_ptr()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)

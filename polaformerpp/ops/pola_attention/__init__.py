@@ -42,11 +42,12 @@ Modules
 * :mod:`.dispatch` - :func:`pola_attention`: argument checks, backend choice
   and the one conversion of the RoPE argument.
 """
-from .dispatch import available_backends, pola_attention
+from .dispatch import available_backends, gated_output, pola_attention, pola_attention_gated
 from .eager import pola_attention_torch
 from .naive import naive_pola_attention, naive_pola_attention_quadratic, pola_attention_weights, pola_feature_maps
 
 __all__ = [
-    'pola_attention', 'pola_attention_torch', 'pola_feature_maps', 'available_backends',
+    'pola_attention', 'pola_attention_gated', 'gated_output', 'pola_attention_torch', 'pola_feature_maps',
+    'available_backends',
     'pola_attention_weights', 'naive_pola_attention', 'naive_pola_attention_quadratic'
 ]

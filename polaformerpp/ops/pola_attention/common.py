@@ -105,9 +105,13 @@ MAX_QUERY_EXPONENT = 70.0
 
 
 def _abs_max(t: Tensor) -> Tensor:
-    """``max |t|`` in one pass (no ``abs`` temporary), fp32."""
-    low, high = torch.aminmax(t.detach())
-    return torch.maximum(low.neg(), high).float()
+    """``max |t|`` without an ``abs`` temporary, fp32 (NaN propagates).
+
+    Reduced over the last dim first: the inputs are often strided views of a
+    projection's output, which a whole-tensor reduction would copy first.
+    """
+    t = t.detach()
+    return torch.maximum(t.amin(-1).amin().neg(), t.amax(-1).amax()).float()
 
 
 def needs_exponent_shift(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor) -> bool:

@@ -7,6 +7,12 @@ products read; the products are ``torch.matmul`` (MKL/oneDNN). Same two passes
 over token chunks as the eager backend (:mod:`.eager`), which the tests hold
 this path to.
 
+With ``lepe`` and ``gate`` (:func:`~polaformerpp.ops.pola_attention_gated`)
+the readout products accumulate onto the LePE term (``addmm`` with ``beta = 1``)
+and write the token layout ``(B, N, h * dv)`` directly, and the gate product
+follows chunk by chunk while the rows are still in cache: the attention output
+never exists in the head layout.
+
 Forward only: with autograd recording (an input that requires grad under
 grad mode) ``backend='auto'`` uses the eager torch implementation, and
 ``backend='cpu'`` raises.
@@ -65,12 +71,16 @@ def _rope_for_kernels(rope: Optional[RopeHalves]):
 
 def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
                        rope: Union[Rope, RopeHalves] = None, eps: float = 1e-6,
-                       chunk_size: Optional[int] = None) -> Tensor:
+                       chunk_size: Optional[int] = None, lepe: Optional[Tensor] = None,
+                       gate: Optional[Tensor] = None, lepe_writable: bool = False) -> Tensor:
     """Fused CPU implementation (no argument checks; see :func:`~polaformerpp.ops.pola_attention`).
 
     Args and returns as :func:`~polaformerpp.ops.pola_attention` (``rope`` may
     also be its :class:`~polaformerpp.ops.rope.RopeHalves`); fp32 compute for
     fp32/fp16/bf16 inputs, output in ``q``'s dtype. Not differentiable.
+    With ``lepe`` and ``gate`` (both ``(B, N, h * dv)``, last dim contiguous)
+    it returns ``(merged heads + lepe) * gate``, ``(B, N, h * dv)``, as
+    :func:`~polaformerpp.ops.pola_attention_gated` (which describes ``lepe_writable``).
     """
     if _kernels is None:
         raise RuntimeError('the fused CPU kernels are not built: run `python setup.py build_ext --inplace` '
@@ -110,13 +120,30 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
 
     # pass 2: queries -> both streams, written into the output
     signed_temps = signed_temperatures(temp_same.to(torch.float32), temp_opp.to(torch.float32)).contiguous()
-    out = torch.empty(batch, heads, num_tokens, 2 * half, dtype=torch.float32)
+    gated = lepe is not None
+    if gated:
+        gate = _rows(gate)
+        # the products accumulate onto the LePE term in place, written in the token layout;
+        # (B, h, N, dv) views of it are their outputs
+        writable = lepe_writable and lepe.dtype == torch.float32 and lepe.is_contiguous()
+        out = lepe if writable else lepe.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        out_heads = out.unflatten(-1, (heads, -1)).transpose(1, 2)
+    else:
+        out = torch.empty(batch, heads, num_tokens, 2 * half, dtype=torch.float32)
     for start, stop in chunks:
         # rows already divided by their denominators: the products are the outputs
         features = _kernels.query_features(q[..., start:stop, :], signed_temps, key_mean,
                                            *rope_rows(start, stop), float(eps), log_rows, log_mean_rows,
                                            SHIFT_FREE_PRODUCT_EXPONENT, MAX_QUERY_EXPONENT)
-        target = out[..., start:stop, :]
-        torch.matmul(features[..., 0, :], state_same, out=target[..., :half])
-        torch.matmul(features[..., 1, :], state_opp, out=target[..., half:])
+        if not gated:
+            target = out[..., start:stop, :]
+            torch.matmul(features[..., 0, :], state_same, out=target[..., :half])
+            torch.matmul(features[..., 1, :], state_opp, out=target[..., half:])
+            continue
+        for b in range(batch):  # one batched product over the heads per sample and stream
+            target = out_heads[b, :, start:stop]
+            target[..., :half].baddbmm_(features[b, :, :, 0], state_same[b])
+            target[..., half:].baddbmm_(features[b, :, :, 1], state_opp[b])
+        out[:, start:stop].mul_(gate[:, start:stop])  # the chunk's rows are still in cache
     return out.to(out_dtype)
+

@@ -16,7 +16,7 @@ from .common import FUSED_DTYPES, MAX_TRITON_BATCH_HEADS, Rope, as_rope_halves, 
 from .cpu import cpu_kernels_available, pola_attention_cpu
 from .eager import pola_attention_torch
 
-__all__ = ['pola_attention', 'available_backends', 'BACKENDS']
+__all__ = ['pola_attention', 'pola_attention_gated', 'gated_output', 'available_backends', 'BACKENDS']
 
 #: values of ``pola_attention(..., backend=)``
 BACKENDS = ('auto', 'torch', 'cpu', 'triton')
@@ -171,3 +171,68 @@ def _triton_or_torch(q, k, v, temp_same, temp_opp, rope, eps) -> Tensor:
     except TritonKernelError as error:
         note_kernel_failure(q, error)
     return pola_attention_torch(q, k, v, temp_same, temp_opp, rope, eps)
+
+
+def gated_output(out: Tensor, lepe: Tensor, gate: Tensor) -> Tensor:
+    """The attention's epilogue in its plain form: ``(merge_heads(out) + lepe) * gate``.
+
+    Args:
+        out: ``(B, h, N, dv)``, the attention output per head.
+        lepe, gate: ``(B, N, h * dv)``; channel ``c`` of a token belongs to head ``c // dv``.
+
+    Returns:
+        Tensor: ``(B, N, h * dv)``. Differentiable (the reference the fused
+        epilogues are held to).
+    """
+    batch, heads, num_tokens, head_dim = out.shape
+    return (out.transpose(1, 2).reshape(batch, num_tokens, heads * head_dim) + lepe) * gate
+
+
+def _check_epilogue(q: Tensor, v: Tensor, lepe: Tensor, gate: Tensor) -> None:
+    batch, heads, num_tokens = q.shape[:3]
+    expected = (batch, num_tokens, heads * v.shape[-1])
+    for name, t in (('lepe', lepe), ('gate', gate)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise TypeError(f'{name} must be a floating-point torch.Tensor, got '
+                            f'{getattr(t, "dtype", type(t).__name__)}')
+        if tuple(t.shape) != expected:
+            raise ValueError(f'{name} must have shape (B, N, h * dv) = {expected}, got {tuple(t.shape)}')
+        if t.device != q.device:
+            raise ValueError(f'{name} must be on the device of q ({q.device}), got {t.device}')
+
+
+def pola_attention_gated(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
+                         lepe: Tensor, gate: Tensor, rope: Rope = None, eps: float = 1e-6,
+                         backend: str = 'auto', lepe_writable: bool = False) -> Tensor:
+    """:func:`pola_attention` with its block's epilogue: ``(merged heads + lepe) * gate`` in the token layout.
+
+    The attention modules add a depthwise-conv term (LePE) to the attention
+    output and multiply a gate in before the output projection. Here the fused
+    CPU backend folds both into the readout (the products accumulate onto
+    ``lepe`` and write the token layout; the gate follows while the rows are
+    in cache), so the output never exists per head. The other backends (and
+    autograd) compute :func:`gated_output` of :func:`pola_attention`.
+
+    Args:
+        q, k, v, temp_same, temp_opp, rope, eps, backend: as :func:`pola_attention`
+            (``q``/``k``/``v`` may be strided views of a projection's output).
+        lepe, gate: ``(B, N, h * dv)``, channel ``c`` in head ``c // dv``.
+        lepe_writable: ``lepe`` is a temporary of the caller's: the fused CPU
+            backend may accumulate into its memory (then returned) instead of
+            a copy. Default False.
+
+    Returns:
+        Tensor: ``(B, N, h * dv)`` in ``q``'s dtype.
+    """
+    _check_inputs(q, k, v, temp_same, temp_opp, rope, eps, backend)
+    _check_epilogue(q, v, lepe, gate)
+    records_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, temp_same, temp_opp, lepe, gate, *rope_tensors(rope)))
+    chosen = _pick_backend(q, k, v, records_grad) if backend == 'auto' else backend
+    if chosen == 'cpu' and q.device.type == 'cpu' and not records_grad and cpu_kernels_available() \
+            and all(t.dtype in FUSED_DTYPES for t in (q, k, v, lepe, gate)):
+        rope = as_rope_halves(rope, q.shape[-1], q.device)
+        return pola_attention_cpu(q, k, v, temp_same, temp_opp, rope, eps, lepe=lepe, gate=gate,
+                                  lepe_writable=lepe_writable)
+    out = pola_attention(q, k, v, temp_same, temp_opp, rope=rope, eps=eps, backend=backend)
+    return gated_output(out, lepe, gate).to(q.dtype)

@@ -248,15 +248,19 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     pairs = rope is not None  # rotated features need one shift per channel pair
     key_shifts = key_exponent_shifts(k, pairs) if needs_exponent_shift(q, k, temp_same, temp_opp) else None
 
+    # the chunks as one split each (under autograd one backward node apiece, which joins the
+    # chunks' gradients in one pass; slices would each fill a full-size zero gradient)
+    sizes = [stop - start for start, stop in chunks]
+    q_chunks, k_chunks, v_chunks = (t.split(sizes, dim=-2) for t in (q, k, v))
+
     # pass 1: keys -> state S and mean feature m
     state, key_sum = 0, 0
-    for start, stop in chunks:
-        k_chunk = k[..., start:stop, :]
+    for (start, stop), k_chunk, v_chunk in zip(chunks, k_chunks, v_chunks):
         phi_k = _key_features(k_chunk) if key_shifts is None else _shifted_key_features(k_chunk, key_shifts)
         key_sum = key_sum + phi_k.sum(dim=-2)  # (B, h, 2d)
         if rotate is not None:
             phi_k = rotate(phi_k, start, stop)
-        state = state + phi_k.transpose(-1, -2) @ v[..., start:stop, :]
+        state = state + phi_k.transpose(-1, -2) @ v_chunk
     state = state / num_tokens  # (B, h, 2d, dv); 1/N in the compute dtype
     key_mean = key_sum / num_tokens  # (B, h, 2d)
     if key_shifts is not None:  # the queries take the keys' scale: m'' <= 1
@@ -269,13 +273,13 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
 
     # pass 2: queries -> both streams at once
     signed_temps = signed_temperatures(temp_same.to(dtype), temp_opp.to(dtype))
-    out = q.new_empty(batch, heads, num_tokens, 2 * half)
-    for start, stop in chunks:
+    outs = []
+    for (start, stop), q_chunk in zip(chunks, q_chunks):
         if key_shifts is None:
-            phi_q = _query_features(q[..., start:stop, :], signed_temps)  # (B, h, n, 2, 2d)
+            phi_q = _query_features(q_chunk, signed_temps)  # (B, h, n, 2, 2d)
             eps_term = eps
         else:
-            exponents = q[..., start:stop, :].unsqueeze(-2) * signed_temps[None, :, None]  # (B, h, n, 4, d)
+            exponents = q_chunk.unsqueeze(-2) * signed_temps[None, :, None]  # (B, h, n, 4, d)
             query_shifts = query_exponent_shifts(exponents, log_rows, log_mean_rows)  # (B, h, n, 2)
             phi_q = _shifted_query_features(exponents, log_rows, query_shifts)
             eps_term = shifted_eps(eps, query_shifts)[..., None]  # (B, h, n, 2, 1)
@@ -285,5 +289,6 @@ def pola_attention_torch(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
             # cost more in fresh memory than rebuilding a chunk's angles costs
             phi_q = rotate(phi_q, start, stop)
         num = torch.stack([phi_q[..., 0, :] @ state_same, phi_q[..., 1, :] @ state_opp], dim=-2)
-        out[..., start:stop, :] = (num / den).flatten(-2)  # (B, h, n, dv)
+        outs.append((num / den).flatten(-2))  # (B, h, n, dv)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
     return out.to(out_dtype)
