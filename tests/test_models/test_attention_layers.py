@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from polaformerpp.models.layers import PolaFormerBlock, PolaLinearAttention, RoPESoftmaxAttention
+from polaformerpp.models.layers import ConvBN, PolaFormerBlock, PolaLinearAttention, RoPESoftmaxAttention
+from polaformerpp.models.layers.fused import conv_bn_act, inference_fusable, linear_act
+from polaformerpp.ops import RopeGrid, apply_rope, pola_attention, rope_2d_tables
 
 
 @pytest.mark.parametrize('cls', [PolaLinearAttention, RoPESoftmaxAttention])
@@ -49,3 +51,98 @@ def test_block_drop_path_semantics():
 def test_block_rejects_bad_drop_path(rate):
     with pytest.raises(ValueError, match='drop_path'):
         PolaFormerBlock(16, 2, drop_path=rate)
+
+
+def _randomised(module, seed=0):
+    """``module`` with every parameter and BatchNorm statistic drawn at random (layer scales of both signs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        for name, b in module.named_buffers():
+            if name.endswith('running_mean'):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.2)
+            elif name.endswith('running_var'):
+                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
+    return module
+
+
+def _plain_block(block, x):
+    """The block written out in NCHW as the method states it (stochastic depth off)."""
+    F = torch.nn.functional
+    attn, ffn = block.attn, block.ffn
+    x = x + block.cpe(x)  # (B, C, H, W)
+    t = x.permute(0, 2, 3, 1)
+    y = block.norm1(t)
+    B, H, W, C = y.shape
+    q, k, v, gate = attn.in_proj(y).chunk(4, dim=-1)
+    heads = [u.reshape(B, H * W, attn.num_heads, -1).transpose(1, 2) for u in (q, k, v)]
+    if isinstance(attn, PolaLinearAttention):
+        out = pola_attention(*heads, attn.temp_same.sigmoid(), attn.temp_opp.sigmoid(), rope=RopeGrid(H, W),
+                             backend='torch')
+    else:
+        sin, cos = rope_2d_tables(H, W, attn.head_dim)
+        out = F.scaled_dot_product_attention(apply_rope(heads[0], sin, cos), apply_rope(heads[1], sin, cos),
+                                             heads[2])
+    out = out.transpose(1, 2).reshape(B, H, W, C) + attn.lepe(v.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    t = t + block.gamma1 * attn.proj(out * gate)
+    h = F.gelu(ffn.fc1(block.norm2(t)))
+    h = h + ffn.dwconv(h.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    return (t + block.gamma2 * ffn.fc2(h)).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize('attn_type', ['linear', 'softmax'])
+def test_block_equals_its_plain_form_in_inference_and_training(attn_type):
+    """Channels-last tokens, fused epilogues and in-place passes (inference) and the autograd path
+    (training: values and every gradient) against the block written out in NCHW."""
+    torch.manual_seed(0)
+    block = _randomised(PolaFormerBlock(32, 2, attn_type=attn_type))
+    x = torch.randn(2, 32, 6, 5)
+    tokens = x.permute(0, 2, 3, 1).contiguous()
+    block.eval()
+    with torch.no_grad():
+        expected = _plain_block(block, x)
+        torch.testing.assert_close(block(tokens.clone()).permute(0, 3, 1, 2), expected, rtol=1e-5, atol=1e-5)
+    block.train()  # drop_path 0: the fused addcmul residuals also while training
+    x_plain, x_ours = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ref = _plain_block(block, x_plain)
+    ref_grads = torch.autograd.grad((ref * expected).sum(), [x_plain, *block.parameters()])
+    out = block(x_ours.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad((out * expected).sum(), [x_ours, *block.parameters()])
+    for (name, _), a, b in zip([('x', None), *block.named_parameters()], grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize('act', [None, torch.nn.GELU(), torch.nn.SiLU()], ids=['none', 'gelu', 'silu'])
+@pytest.mark.parametrize('stride', [1, 2])
+def test_fused_conv_bn_act_equals_the_modules(act, stride):
+    """BatchNorm folded into the conv with the activation as oneDNN's post-op: the modules' output,
+    channels-last memory kept."""
+    torch.manual_seed(0)
+    layer = _randomised(ConvBN(8, 12, stride=stride)).eval()
+    x = torch.randn(2, 8, 9, 7).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = layer.bn(layer.conv(x))
+        expected = expected if act is None else act(expected)
+        out = conv_bn_act(layer.conv, layer.bn, act, x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_fused_linear_act_and_when_fusion_applies():
+    torch.manual_seed(0)
+    linear, act = torch.nn.Linear(16, 24), torch.nn.GELU()
+    x = torch.randn(2, 5, 3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_act(linear, act, x), act(linear(x)), rtol=1e-5, atol=1e-6)
+    layer = ConvBN(4, 4)
+    assert not inference_fusable(x, linear)  # grad mode: autograd records the parameters
+    with torch.no_grad():
+        assert inference_fusable(x, linear) == torch.backends.mkldnn.is_available()
+        assert not inference_fusable(x.half(), linear)
+        x4 = torch.zeros(1, 4, 3, 3)
+        torch.testing.assert_close(conv_bn_act(layer.conv, layer.bn.train(), None, x4),
+                                   layer.bn(layer.conv(x4)))  # BN in training mode: batch statistics, unfused
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            assert not inference_fusable(x, linear)

@@ -10,6 +10,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..layers import ConvBN, PolaFormerBlock
+from ..layers.fused import conv_bn_act
 
 __all__ = ['PolaFormerPP']
 
@@ -20,7 +21,10 @@ CLS_PROJ_INDEX = 4
 
 
 class Stem(nn.Sequential):
-    """Four 3x3 conv+BN (stride 2, 1, 1, 2), GELU after the first three: ``(B, 3, H, W) -> (B, C, H/4, W/4)``."""
+    """Four 3x3 conv+BN (stride 2, 1, 1, 2), GELU after the first three: ``(B, 3, H, W) -> (B, C, H/4, W/4)``.
+
+    Each conv+BN+GELU is one fused pass in CPU inference (:class:`ConvBN`).
+    """
 
     def __init__(self, in_channels: int, embed_dims: int):
         mid = embed_dims // 2
@@ -30,11 +34,19 @@ class Stem(nn.Sequential):
             ConvBN(mid, mid), nn.GELU(),
             ConvBN(mid, embed_dims, stride=2))
 
+    def forward(self, x: Tensor) -> Tensor:
+        layers = list(self)
+        for i in range(0, len(layers), 2):
+            x = layers[i](x, layers[i + 1] if i + 1 < len(layers) else None)
+        return x
+
 
 class PolaFormerStage(nn.Module):
     """Blocks of one resolution, then (except in the last stage) a stride-2 conv+BN downsample.
 
-    ``forward`` returns ``(stage output before downsampling, input of the next stage)``.
+    ``forward`` takes channels-last tokens ``(B, H, W, C)`` and returns
+    ``(stage output before downsampling, input of the next stage)``, both
+    channels-last tokens (the downsample conv reads and writes channels-last memory).
     """
 
     def __init__(self, embed_dims: int, depth: int, num_heads: int, attn_type: str,
@@ -54,16 +66,19 @@ class PolaFormerStage(nn.Module):
                 x = cp.checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        return x, (self.downsample(x) if self.downsample is not None else x)
+        if self.downsample is None:
+            return x, x
+        return x, self.downsample(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
 
 class ChannelLayerNorm(nn.LayerNorm):
-    """LayerNorm over the channels of ``(B, C, H, W)``; returns a contiguous NCHW tensor."""
+    """LayerNorm over the channels of channels-last tokens ``(B, H, W, C)``; returns a contiguous
+    NCHW tensor ``(B, C, H, W)``."""
 
     def forward(self, x: Tensor) -> Tensor:
         # a channels-last result would propagate through necks and break ops that read
         # NCHW memory directly (mmcv's RoIAlign then pools the wrong values)
-        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous()
+        return super().forward(x).permute(0, 3, 1, 2).contiguous()
 
 
 @MODELS.register_module()
@@ -225,13 +240,15 @@ class PolaFormerPP(BaseModule):
             raise ValueError(f'PolaFormerPP expects input of shape (B, {self.in_channels}, H, W), '
                              f'got {tuple(x.shape)}')
         outs = []
-        x = self.stem(x)
+        # one layout from the stem on: channels-last memory, i.e. (B, H, W, C) tokens
+        x = self.stem(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
         for i, stage in enumerate(self.stages):
             feat, x = stage(x)
             if i in self.out_indices:
                 outs.append(getattr(self, f'norm{i}')(feat))
         if CLS_PROJ_INDEX in self.out_indices:
-            outs.append(self.cls_proj(feat))
+            proj = self.cls_proj
+            outs.append(conv_bn_act(proj.conv, proj.bn, proj.act, feat.permute(0, 3, 1, 2)))
         return tuple(outs)
 
     def _freeze_stages(self):

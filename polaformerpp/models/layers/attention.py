@@ -3,7 +3,12 @@
 Both take and return channels-last feature maps ``(B, H, W, C)`` and share one
 layout: a single ``in_proj = Linear(C, 4C)`` producing ``[q | k | v | gate]``,
 a 5x5 depthwise LePE on ``v`` added to the attention output, the gate
-multiplied in, and an output ``proj = Linear(C, C)``. (The authors name the
+multiplied in, and an output ``proj = Linear(C, C)``. The activations stay in
+that token layout throughout: q, k and the gate are strided views of the
+projection's output, the LePE convolution runs on channels-last memory and
+returns tokens, and the linear attention writes its output, LePE added and
+gate multiplied, straight into the tokens ``proj`` reads
+(:func:`~polaformerpp.ops.pola_attention_gated`). (The authors name the
 input projection ``qkvg`` in linear and ``qkvo`` in softmax blocks; the
 checkpoint converter maps both to ``in_proj``.)
 """
@@ -14,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from polaformerpp.ops import RopeGrid, apply_rope, pola_attention, rope_2d_tables
+from polaformerpp.ops import RopeGrid, apply_rope, gated_output, pola_attention_gated, rope_2d_tables
 
 __all__ = ['GatedAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer']
 
@@ -23,7 +28,7 @@ class GatedAttention(nn.Module):
     """Projections shared by both token mixers: ``in_proj``, ``lepe`` and ``proj``.
 
     Subclasses implement ``forward`` as ``split_heads`` -> attention over the
-    heads -> ``merge_heads``.
+    heads, plus ``lepe_tokens``, times the gate -> ``proj``.
 
     Args:
         embed_dims (int): channels C.
@@ -44,7 +49,7 @@ class GatedAttention(nn.Module):
         self.proj = nn.Linear(embed_dims, embed_dims)
 
     def split_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Project ``x`` and split it into heads.
+        """Project ``x`` and split it into heads (views of the projection, no copies but ``v``'s).
 
         Args:
             x: ``(B, H, W, C)``.
@@ -52,10 +57,13 @@ class GatedAttention(nn.Module):
         Returns:
             tuple: ``q, k, v`` each ``(B, h, N, d)`` with ``N = H * W`` (row-major)
             and channel ``c`` in head ``c // d``; ``gate`` ``(B, H, W, C)``; and
-            ``v_image`` ``(B, C, H, W)``, the values as an image for the LePE.
+            ``v_image`` ``(B, C, H, W)`` in channels-last memory, the values as
+            an image for the LePE (the one copy: a depthwise convolution reads
+            dense channels-last memory).
         """
         B, H, W, C = x.shape
         q, k, v, gate = self.in_proj(x).chunk(4, dim=-1)
+        v = v.contiguous()
         v_image = v.permute(0, 3, 1, 2)
 
         def heads(t):
@@ -63,14 +71,10 @@ class GatedAttention(nn.Module):
 
         return heads(q), heads(k), heads(v), gate, v_image
 
-    def merge_heads(self, out: Tensor, v_image: Tensor, gate: Tensor) -> Tensor:
-        """Heads ``(B, h, N, d)`` plus LePE(``v_image`` ``(B, C, H, W)``), times ``gate``
-        ``(B, H, W, C)``, through ``proj``: ``(B, H, W, C)``."""
-        B, H, W, C = gate.shape
-        # the LePE sum is taken in the conv's NCHW layout: summed channels-last, torch.compile's
-        # CPU backward of this block fails (inductor's loop split meets two loop nests)
-        out = out.transpose(2, 3).reshape(B, C, H, W) + self.lepe(v_image)
-        return self.proj(out.permute(0, 2, 3, 1) * gate)
+    def lepe_tokens(self, v_image: Tensor) -> Tensor:
+        """The LePE term in the token layout: ``(B, C, H, W)`` (channels-last) ``-> (B, N, C)``."""
+        B, C, H, W = v_image.shape
+        return self.lepe(v_image).permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
 class PolaLinearAttention(GatedAttention):
@@ -104,9 +108,10 @@ class PolaLinearAttention(GatedAttention):
         B, H, W, C = x.shape
         q, k, v, gate, v_image = self.split_heads(x)
         rope = RopeGrid(H, W) if self.use_rope else None  # the backends build the rotation
-        out = pola_attention(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
-                             rope=rope, backend=self.backend)
-        return self.merge_heads(out, v_image, gate)
+        out = pola_attention_gated(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
+                                   self.lepe_tokens(v_image), gate.reshape(B, H * W, C), rope=rope,
+                                   backend=self.backend, lepe_writable=True)
+        return self.proj(out).view(B, H, W, C)
 
 
 class RoPESoftmaxAttention(GatedAttention):
@@ -135,7 +140,12 @@ class RoPESoftmaxAttention(GatedAttention):
             sin, cos = rope_2d_tables(H, W, self.head_dim, device=x.device, dtype=q.dtype)
             q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
         out = F.scaled_dot_product_attention(q, k, v)
-        return self.merge_heads(out, v_image, gate)
+        lepe, gate = self.lepe_tokens(v_image), gate.reshape(B, H * W, C)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (out, lepe, gate)):
+            out = gated_output(out, lepe, gate)
+        else:  # in place on the fresh merged heads (sdpa's backward would need its output)
+            out = out.transpose(1, 2).reshape(B, H * W, C).add_(lepe).mul_(gate)
+        return self.proj(out).view(B, H, W, C)
 
 
 def build_token_mixer(attn_type: str, embed_dims: int, num_heads: int, backend: str = 'auto') -> nn.Module:

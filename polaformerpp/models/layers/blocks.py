@@ -5,21 +5,34 @@ from mmcv.cnn.bricks import DropPath
 from torch import Tensor
 
 from .attention import build_token_mixer
+from .fused import conv_bn_act, linear_act
 
-__all__ = ['ConvBN', 'ConvFFN', 'PolaFormerBlock']
+__all__ = ['ConvBN', 'ConvFFN', 'PolaFormerBlock', 'conv_residual']
 
 
 class ConvBN(nn.Sequential):
-    """``Conv2d`` (with bias) followed by ``BatchNorm2d``; submodules ``conv``, ``bn``."""
+    """``Conv2d`` (with bias) followed by ``BatchNorm2d``; submodules ``conv``, ``bn``.
+
+    In CPU inference the BatchNorm is folded into the conv (one pass,
+    :func:`~.fused.conv_bn_act`); ``forward(x, act)`` applies an activation
+    module after it, fused there too.
+    """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1):
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=kernel_size // 2)
         self.bn = nn.BatchNorm2d(out_channels)
 
+    def forward(self, x: Tensor, act: nn.Module = None) -> Tensor:
+        return conv_bn_act(self.conv, self.bn, act, x)
+
 
 class ConvFFN(nn.Module):
-    """``Linear(C, F) -> GELU -> x + dwconv3x3(x) -> Linear(F, C)`` on ``(B, H, W, C)``."""
+    """``Linear(C, F) -> GELU -> x + dwconv3x3(x) -> Linear(F, C)`` on ``(B, H, W, C)``.
+
+    The depthwise conv reads the hidden tokens as a channels-last image (no
+    copy); in CPU inference the GELU is the first product's post-op.
+    """
 
     def __init__(self, embed_dims: int, hidden_dims: int):
         super().__init__()
@@ -29,17 +42,33 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden_dims, embed_dims)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.act(self.fc1(x))
-        x = x + self.dwconv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        return self.fc2(x)
+        x = linear_act(self.fc1, self.act, x)
+        return self.fc2(conv_residual(self.dwconv, x))
+
+
+def conv_residual(conv: nn.Module, x: Tensor) -> Tensor:
+    """``x + conv(x)`` for channels-last tokens ``x`` ``(B, H, W, C)`` and a channels-preserving ``conv``.
+
+    The conv sees ``x`` as a channels-last image and returns one, so both terms
+    share the token layout (no layout change either way). Where autograd does
+    not record, ``x`` is added into the conv's fresh output (no new tensor);
+    under autograd the sum is a new tensor (an in-place add on the permuted
+    view would make the backward copy and zero-fill full-size gradients).
+    """
+    y = conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    return x + y if y.requires_grad else y.add_(x)
 
 
 class PolaFormerBlock(nn.Module):
-    """One block on ``(B, C, H, W)``::
+    """One block on channels-last tokens ``(B, H, W, C)``::
 
         x = x + cpe(x)                                  (3x3 depthwise conv)
         x = x + drop_path(gamma1 * attn(norm1(x)))
         x = x + drop_path(gamma2 * ffn(norm2(x)))
+
+    Where stochastic depth is off (eval mode or rate 0) each layer-scale
+    residual is one fused pass (``addcmul``), written into the branch's
+    fresh output when autograd does not record.
 
     Args:
         embed_dims (int): channels C.
@@ -69,9 +98,16 @@ class PolaFormerBlock(nn.Module):
         self.gamma2 = nn.Parameter(torch.full((embed_dims,), float(layer_scale_init_value)))
         self.drop_path = DropPath(drop_path)
 
+    def scaled_residual(self, x: Tensor, branch: Tensor, gamma: Tensor) -> Tensor:
+        """``x + drop_path(gamma * branch)``; one ``addcmul`` where the path is never dropped."""
+        if self.training and self.drop_path.drop_prob > 0:
+            return x + self.drop_path(gamma * branch)
+        if torch.is_grad_enabled() and (x.requires_grad or branch.requires_grad or gamma.requires_grad):
+            return torch.addcmul(x, branch, gamma)
+        return torch.addcmul(x, branch, gamma, out=branch)
+
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.cpe(x)
-        x = x.permute(0, 2, 3, 1)
-        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.gamma2 * self.ffn(self.norm2(x)))
-        return x.permute(0, 3, 1, 2)
+        """``(B, H, W, C) -> (B, H, W, C)``."""
+        x = conv_residual(self.cpe, x)
+        x = self.scaled_residual(x, self.attn(self.norm1(x)), self.gamma1)
+        return self.scaled_residual(x, self.ffn(self.norm2(x)), self.gamma2)

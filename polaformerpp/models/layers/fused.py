@@ -1,0 +1,110 @@
+"""Fused CPU inference forms of the backbone's layer patterns (oneDNN post-ops, BatchNorm folding).
+
+In inference on the CPU (fp32, nothing recording gradients, no autocast, not
+traced) a pass over the activations costs about as much as the matrix product
+that produced them, and every fresh activation tensor pays its page faults.
+These helpers keep such passes inside the producing kernel:
+
+* :func:`linear_act`: ``act(linear(x))`` as one oneDNN matmul with the
+  activation as its post-op (bias included);
+* :func:`conv_bn_act`: ``act(bn(conv(x)))`` as one oneDNN convolution, the
+  BatchNorm folded into the conv's weight and bias (eval mode);
+* :func:`inference_fusable`: whether a call may take those forms.
+
+Everywhere else (training, autograd, other devices and dtypes, torch.compile,
+ONNX export and tracing) they compute the plain module sequence, which stays
+the reference the fused forms are tested against.
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+__all__ = ['inference_fusable', 'linear_act', 'conv_bn_act', 'fold_batch_norm']
+
+#: activation modules -> oneDNN post-op names
+_POST_OPS = {nn.GELU: 'gelu', nn.SiLU: 'swish', nn.ReLU: 'relu'}
+
+
+def _mkldnn_pointwise_available() -> bool:
+    ops = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and hasattr(ops, '_linear_pointwise') and hasattr(
+        ops, '_convolution_pointwise')
+
+
+_AVAILABLE = _mkldnn_pointwise_available()
+
+
+def _is_tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def inference_fusable(x: Tensor, module: nn.Module) -> bool:
+    """Whether ``module`` may run its fused form on ``x``: CPU fp32 inference, oneDNN present.
+
+    False while autograd records (grad mode with a parameter or ``x`` requiring
+    grad), under CPU autocast and under torch.compile / tracing / export.
+    """
+    if not _AVAILABLE or x.device.type != 'cpu' or x.dtype != torch.float32:
+        return False
+    if torch.is_autocast_enabled('cpu') or _is_tracing():
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
+        return False
+    return True
+
+
+def _post_op(act: Optional[nn.Module]) -> Optional[str]:
+    """oneDNN's name for ``act`` (``'none'`` for no activation); None when it has none."""
+    if act is None or isinstance(act, nn.Identity):
+        return 'none'
+    if isinstance(act, nn.GELU) and act.approximate != 'none':
+        return None
+    return _POST_OPS.get(type(act))
+
+
+def _algorithm(post_op: str) -> str:
+    """The post-op's algorithm argument: GELU's exact (erf) form, nothing for the others."""
+    return 'none' if post_op == 'gelu' else ''
+
+
+def linear_act(linear: nn.Linear, act: Optional[nn.Module], x: Tensor) -> Tensor:
+    """``act(linear(x))`` for ``x`` ``(..., C_in)``; one fused matmul where :func:`inference_fusable`."""
+    post_op = _post_op(act)
+    if post_op is not None and inference_fusable(x, linear) and x.stride(-1) == 1:
+        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, post_op, [],
+                                                _algorithm(post_op))
+    y = linear(x)
+    return y if act is None else act(y)
+
+
+def fold_batch_norm(conv: nn.Conv2d, bn: nn.BatchNorm2d):
+    """The ``(weight, bias)`` of one conv computing ``bn(conv(x))`` with ``bn``'s running statistics."""
+    scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+    weight = conv.weight * scale.reshape(-1, 1, 1, 1)
+    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+    return weight, (bias - bn.running_mean) * scale + bn.bias
+
+
+def conv_bn_act(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], act: Optional[nn.Module], x: Tensor) -> Tensor:
+    """``act(bn(conv(x)))`` for ``x`` ``(B, C, H, W)``; one fused convolution where :func:`inference_fusable`.
+
+    The fused form folds ``bn`` (in eval mode: its running statistics) into the conv
+    and applies ``act`` as oneDNN's post-op; its output keeps ``x``'s memory
+    format (channels-last in, channels-last out).
+    """
+    post_op = _post_op(act)
+    fusable = (post_op is not None and inference_fusable(x, conv) and (bn is None or inference_fusable(x, bn))
+               and conv.padding_mode == 'zeros' and not isinstance(conv.padding, str)
+               and (bn is None or (not bn.training and bn.running_mean is not None and bn.affine)))
+    if not fusable:
+        y = conv(x)
+        if bn is not None:
+            y = bn(y)
+        return y if act is None else act(y)
+    weight, bias = fold_batch_norm(conv, bn) if bn is not None else (conv.weight, conv.bias)
+    return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, list(conv.padding), list(conv.stride),
+                                                   list(conv.dilation), conv.groups, post_op, [],
+                                                   _algorithm(post_op))
+
