@@ -24,14 +24,21 @@ dense backbone of CONFIG (``cfg.model.backbone`` with the four stage outputs,
 attention types and with linear attention in every stage, next to the named
 peers, mmpretrain's own backbones with their four stage outputs too
 (``swin-t/s/b``: ``SwinTransformer``, window 7, ``pad_small_map``; ``convnext-t/s/b``:
-``ConvNeXt``), on square inputs of each resolution. Per cell: median latency
-and the peak memory the forward allocates on top of the weights and the input
-(CUDA: ``max_memory_allocated``; CPU: the PyTorch profiler's allocation
-events, i.e. tensors; a cell that runs out of memory reads ``OOM``). Results:
-a table on stdout, the speed-up of each PolaFormer++ variant over each peer,
-``benchmark_compare.csv`` and ``benchmark_compare.png`` (latency and memory
-against resolution, log-log) in ``--out-dir``. Random weights: speed does not
-depend on them.
+``ConvNeXt``), on square inputs of each resolution, for each of ``--modes``
+(``inference``: ``no_grad``, eval mode; ``train``: train mode, forward and
+backward). All models are timed in interleaved rounds (each round runs every
+model once, then one fp32 2048 x 2048 matrix product measuring the machine's
+rate; medians over the rounds). Per cell: median latency, the MACs of the step
+(mmengine's counter, the same for every network; a training step counts three
+forwards), the efficiency ``2 x MACs / latency / sgemm rate`` (1.0 is the
+matrix-multiply limit of this machine) and the peak memory the step allocates
+on top of the weights and the input (CUDA: ``max_memory_allocated``; CPU: the
+PyTorch profiler's allocation events, i.e. tensors; a cell that runs out of
+memory reads ``OOM``). ``--profile`` adds the profiler's operator table of one
+step per cell. Results: tables on stdout, the speed-up of each PolaFormer++
+variant over each peer and over the fastest one, ``benchmark_compare.csv`` and
+``benchmark_compare.png`` (latency and memory against resolution, log-log) in
+``--out-dir``. Random weights: speed does not depend on them.
 
 Examples::
 
@@ -39,7 +46,8 @@ Examples::
     python tools/analysis_tools/benchmark.py CONFIG --device cpu --threads 4 --repeat 5
     python tools/analysis_tools/benchmark.py CONFIG --checkpoint CKPT --amp bf16 --out-json bench.json
     python tools/analysis_tools/benchmark.py configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py \\
-        --compare swin-t convnext-t --resolutions 224 512 1024 2048 --device cpu --threads 2
+        --compare swin-t convnext-t --resolutions 224 512 1024 2048 --device cpu --threads 2 \\
+        --modes inference train --profile
 """
 import argparse
 import contextlib
@@ -106,6 +114,11 @@ def parse_args(argv=None):
                              f'{" ".join(map(str, DEFAULT_RESOLUTIONS))}; alone: the two PolaFormer++ variants only)')
     parser.add_argument('--out-dir', default='work_dirs/benchmark_compare',
                         help='where the comparison writes benchmark_compare.csv/.png ("" to write nothing)')
+    parser.add_argument('--modes', nargs='+', choices=('inference', 'train'), default=['inference'],
+                        help='comparison steps: inference (no_grad, eval) and/or train (forward + backward)')
+    parser.add_argument('--profile', action='store_true',
+                        help="comparison: print the PyTorch profiler's operator table of one step per cell")
+    parser.add_argument('--profile-rows', type=positive_int, default=15, help='operators per --profile table')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
     add_progress_argument(parser)
     args = parser.parse_args(argv)
@@ -308,56 +321,162 @@ def time_forward(forward, device, warmup, repeat):
     return statistics.median(times), min(times)
 
 
+#: side of the square fp32 matrix product that measures the machine's matrix-multiply rate
+SGEMM_SIZE = 2048
+#: a training step (forward + backward) counted as three forwards' multiply-accumulates
+TRAIN_MAC_FACTOR = 3
+
+
+def sgemm_seconds(device, size=SGEMM_SIZE):
+    """A callable timing one fp32 ``size x size`` matrix product (seconds) on ``device``."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=gen).to(device) for _ in range(2))
+    a @ b
+
+    def timed():
+        return timed_calls(lambda: a @ b, device, 1)[0]
+
+    return timed
+
+
+def efficiency(macs, seconds, sgemm_gflops):
+    """``2 x MACs / latency / sgemm rate``: 1.0 is the machine's matrix-multiply limit."""
+    return 2 * macs / seconds / (sgemm_gflops * 1e9)
+
+
+def count_macs(model, inputs):
+    """Multiply-accumulates of one forward of ``model(inputs)`` (mmengine's counter, softmax attention included)."""
+    from polaformerpp.analysis import count_complexity
+    model.eval()  # (some backbones' train() returns None)
+    with torch.no_grad():
+        return count_complexity(model, (inputs, ))['flops']
+
+
+def make_step(model, inputs, mode, autocast):
+    """One inference (``no_grad``, eval) or training (train mode, forward + backward of all outputs) step."""
+    if mode == 'inference':
+        def step():
+            with torch.no_grad(), autocast():
+                model(inputs)
+        return step
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        with autocast():
+            outs = model(inputs)
+        sum(o.float().mean() for o in outs).backward()
+    return step
+
+
+def profile_table(step, rows):
+    """The PyTorch profiler's operators by self CPU time over one call of ``step`` (text table)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=rows)
+
+
+def _set_mode(model, mode):
+    model.train(mode == 'train')
+
+
 def compare_backbones(config, peers=(), resolutions=DEFAULT_RESOLUTIONS, batch_size=1, device='cpu', amp=None,
-                      warmup=COMPARE_WARMUP, repeat=COMPARE_REPEAT, cfg_options=None, progress=False):
-    """Latency and peak memory of CONFIG's dense backbone (two stage mixes) and ``peers`` per resolution.
+                      warmup=COMPARE_WARMUP, repeat=COMPARE_REPEAT, cfg_options=None, progress=False,
+                      modes=('inference', ), profile_rows=0):
+    """Latency, MACs, efficiency and peak memory of CONFIG's dense backbone (two stage mixes) and ``peers``.
+
+    Per resolution and mode every model is timed in interleaved rounds (each
+    round runs every model once, then one fp32 ``2048 x 2048`` matrix product
+    that measures the machine's rate); latencies and the rate are medians
+    over the rounds, so load that drifts hits every network alike.
 
     Returns:
-        list[dict]: one row per (model, resolution): ``model``, ``resolution``, ``params``,
-        ``latency_ms`` (median), ``min_ms``, ``peak_memory_mib``, ``status`` ('ok', 'OOM' or
-        the error), ``device``, ``batch_size``, ``threads``, ``amp``.
+        list[dict]: one row per (model, resolution, mode): ``model``, ``resolution``, ``mode``,
+        ``params``, ``macs_g`` (of the step: a forward's, three forwards' for training),
+        ``latency_ms`` (median), ``min_ms``, ``sgemm_gflops``, ``efficiency``,
+        ``peak_memory_mib``, ``status`` ('ok', 'OOM' or the error), ``device``,
+        ``batch_size``, ``threads``, ``amp`` and, with ``profile_rows``, ``profile``
+        (the operator table of one step).
     """
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    models = dense_backbones(cfg, peers)
     cuda = str(device).startswith('cuda')
 
     def autocast():
         return (torch.autocast(device_type='cuda' if cuda else 'cpu', dtype=AMP_DTYPES[amp])
                 if amp else contextlib.nullcontext())
 
+    models = []
+    for name, build in dense_backbones(cfg, peers):
+        torch.manual_seed(0)
+        models.append((name, build().to(device)))
+    sgemm = sgemm_seconds(device)
     rows = []
-    with ProgressBar(len(models) * len(resolutions), 'backbones x resolutions', enabled=progress) as bar:
-        for name, build in models:
-            torch.manual_seed(0)
-            model = build().to(device)
-            model.eval()  # (some backbones' train() returns None)
-            params = sum(p.numel() for p in model.parameters())
-            for size in resolutions:
-                row = dict(model=name, resolution=size, params=params, latency_ms=None, min_ms=None,
-                           peak_memory_mib=None, status='ok', device=str(device), batch_size=batch_size,
-                           threads=None if cuda else torch.get_num_threads(), amp=amp or 'fp32')
-                try:
-                    inputs = torch.randn(batch_size, 3, size, size, device=device)
-                    with torch.no_grad(), autocast():
-                        median, fastest = time_forward(lambda: model(inputs), device, warmup, repeat)
-                        row['peak_memory_mib'] = forward_peak_memory(lambda: model(inputs), device)
-                    row['latency_ms'], row['min_ms'] = median * 1e3, fastest * 1e3
-                except Exception as exc:  # one cell that does not fit must not end the comparison
-                    row['status'] = 'OOM' if is_oom(exc) else f'error: {type(exc).__name__}: {str(exc)[:80]}'
-                finally:
-                    inputs = None
-                    if cuda:
-                        torch.cuda.empty_cache()
-                rows.append(row)
+    cells = len(resolutions) * len(modes)
+    with ProgressBar(cells * (len(models) + 1), 'resolutions x modes x backbones', enabled=progress) as bar:
+        for size in resolutions:
+            inputs = torch.randn(batch_size, 3, size, size, device=device)
+            for mode in modes:
+                cell = {}
+                for name, model in models:
+                    cell[name] = row = dict(
+                        model=name, resolution=size, mode=mode, params=sum(p.numel() for p in model.parameters()),
+                        macs_g=None, latency_ms=None, min_ms=None, sgemm_gflops=None, efficiency=None,
+                        peak_memory_mib=None, status='ok', device=str(device), batch_size=batch_size,
+                        threads=None if cuda else torch.get_num_threads(), amp=amp or 'fp32')
+                    try:
+                        macs = count_macs(model, inputs) * (TRAIN_MAC_FACTOR if mode == 'train' else 1)
+                        row['macs_g'] = macs / 1e9
+                        _set_mode(model, mode)
+                        step = make_step(model, inputs, mode, autocast)
+                        for _ in range(warmup):
+                            step()
+                        row['peak_memory_mib'] = forward_peak_memory(step, device)
+                        row['step'] = step
+                    except Exception as exc:  # one cell that does not fit must not end the comparison
+                        row['status'] = 'OOM' if is_oom(exc) else f'error: {type(exc).__name__}: {str(exc)[:80]}'
+                    finally:
+                        if cuda:
+                            torch.cuda.empty_cache()
+                    bar.update()
+                timed = {name: [] for name, row in cell.items() if 'step' in row}
+                rates = []
+                for _ in range(repeat):
+                    for name in timed:
+                        try:
+                            timed[name].append(timed_calls(cell[name]['step'], device, 1)[0])
+                        except Exception as exc:
+                            cell[name]['status'] = 'OOM' if is_oom(exc) else f'error: {type(exc).__name__}'
+                    rates.append(2 * SGEMM_SIZE ** 3 / sgemm() / 1e9)
+                rate = statistics.median(rates)
+                for name, row in cell.items():
+                    step = row.pop('step', None)
+                    if row['status'] == 'ok' and timed.get(name):
+                        row['latency_ms'] = statistics.median(timed[name]) * 1e3
+                        row['min_ms'] = min(timed[name]) * 1e3
+                        row['sgemm_gflops'] = rate
+                        row['efficiency'] = efficiency(row['macs_g'] * 1e9, row['latency_ms'] / 1e3, rate)
+                        if profile_rows:
+                            row['profile'] = profile_table(step, profile_rows)
+                    rows.append(row)
                 bar.update()
-            model = None  # the next backbone is built with this one freed
+            inputs = None
     return rows
 
 
 def format_comparison(rows) -> str:
-    """Latency and memory tables (models x resolutions) and the speed-ups of the PolaFormer++ variants."""
+    """Per mode: latency, efficiency and memory tables (models x resolutions) and the speed-ups of ours."""
+    lines = []
+    for mode in dict.fromkeys(r['mode'] for r in rows):
+        if lines:
+            lines.append('')
+        lines += _format_mode([r for r in rows if r['mode'] == mode], mode)
+    return '\n'.join(lines)
+
+
+def _format_mode(rows, mode):
     models = list(dict.fromkeys(r['model'] for r in rows))
     sizes = list(dict.fromkeys(r['resolution'] for r in rows))
     cell = {(r['model'], r['resolution']): r for r in rows}
@@ -369,37 +488,51 @@ def format_comparison(rows) -> str:
             values = []
             for s in sizes:
                 r = cell[(m, s)]
-                values.append(format(r[key], fmt) if r['status'] == 'ok' else r['status'][:11])
+                values.append(format(r[key], fmt) if r['status'] == 'ok' and r[key] is not None
+                              else r['status'][:11])
             lines.append(f'{m:<{width}}' + ''.join(f'{v:>12}' for v in values))
         return lines
 
-    lines = table('latency (ms)', 'latency_ms', '.1f') + [''] + table('peak memory (MiB)', 'peak_memory_mib', '.0f')
+    rates = [r['sgemm_gflops'] for r in rows if r['sgemm_gflops']]
+    lines = [f'== {mode} (efficiency = 2 x MACs / latency / sgemm rate; sgemm '
+             f'{statistics.median(rates) if rates else float("nan"):.0f} GFLOP/s in this process)']
+    lines += table('latency (ms)', 'latency_ms', '.1f') + [''] + table('MACs (G)', 'macs_g', '.2f')
+    lines += [''] + table('efficiency', 'efficiency', '.2f')
+    lines += [''] + table('peak memory (MiB)', 'peak_memory_mib', '.0f')
     ours = [m for m in models if m.startswith('polapp-')]
     peers = [m for m in models if not m.startswith('polapp-')]
     if peers:
         lines += ['', f'{"speed-up (peer / ours)":<{width + 14}}' + ''.join(f'{s:>8}' for s in sizes)]
         for m in ours:
-            for p in peers:
+            for p in peers + ['fastest peer']:
                 ratios = []
                 for s in sizes:
-                    a, b = cell[(m, s)], cell[(p, s)]
-                    ok = a['status'] == b['status'] == 'ok'
-                    ratios.append(f"{b['latency_ms'] / a['latency_ms']:.2f}x" if ok else '-')
+                    a = cell[(m, s)]
+                    times = [cell[(q, s)]['latency_ms'] for q in ([p] if p in peers else peers)
+                             if cell[(q, s)]['status'] == 'ok']
+                    ok = a['status'] == 'ok' and times
+                    ratios.append(f"{min(times) / a['latency_ms']:.2f}x" if ok else '-')
                 lines.append(f'{m + " vs " + p:<{width + 14}}' + ''.join(f'{r:>8}' for r in ratios))
-    return '\n'.join(lines)
+    profiled = [r for r in rows if r.get('profile')]
+    for r in profiled:
+        lines += ['', f"-- operators of {r['model']}, {r['resolution']}^2, {mode} (one step)", r['profile']]
+    return lines
+
+
+CSV_KEYS = ['model', 'resolution', 'mode', 'params', 'macs_g', 'latency_ms', 'min_ms', 'sgemm_gflops',
+            'efficiency', 'peak_memory_mib', 'status', 'device', 'threads', 'batch_size', 'amp']
 
 
 def write_comparison_csv(path, rows):
-    keys = ['model', 'resolution', 'params', 'latency_ms', 'min_ms', 'peak_memory_mib', 'status', 'device',
-            'threads', 'batch_size', 'amp']
     with open(path, 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction='ignore')
+        writer = csv.DictWriter(f, fieldnames=CSV_KEYS, extrasaction='ignore')
         writer.writeheader()
         writer.writerows(rows)
 
 
 def write_comparison_plot(path, rows) -> bool:
-    """Latency and peak memory against resolution (log-log), one line per backbone; False without matplotlib."""
+    """Latency and peak memory against resolution (log-log), one line per backbone and mode; False without
+    matplotlib."""
     from polaformerpp.analysis import agg_pyplot
     try:
         plt = agg_pyplot()
@@ -407,18 +540,21 @@ def write_comparison_plot(path, rows) -> bool:
         print('matplotlib is not installed: no plot written')
         return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in dict.fromkeys(r['model'] for r in rows):
-        points = [(r['resolution'], r['latency_ms'], max(r['peak_memory_mib'], 1e-3)) for r in rows
-                  if r['model'] == name and r['status'] == 'ok']
-        if not points:
-            continue
-        sizes, latency, memory = zip(*points)
-        style = '-' if name.startswith('polapp-') else '--'
-        axes[0].plot(sizes, latency, style, marker='o', label=name)
-        axes[1].plot(sizes, memory, style, marker='o', label=name)
+    modes = list(dict.fromkeys(r['mode'] for r in rows))
+    for mode in modes:
+        for name in dict.fromkeys(r['model'] for r in rows):
+            points = [(r['resolution'], r['latency_ms'], max(r['peak_memory_mib'], 1e-3)) for r in rows
+                      if r['model'] == name and r['mode'] == mode and r['status'] == 'ok']
+            if not points:
+                continue
+            sizes, latency, memory = zip(*points)
+            style = '-' if name.startswith('polapp-') else '--'
+            label = name if len(modes) == 1 else f'{name} ({mode})'
+            axes[0].plot(sizes, latency, style, marker='o' if mode == 'inference' else 's', label=label)
+            axes[1].plot(sizes, memory, style, marker='o' if mode == 'inference' else 's', label=label)
     first = rows[0]
     where = first['device'] + (f" ({first['threads']} threads)" if first['threads'] else '')
-    for ax, ylabel in zip(axes, ('latency (ms)', 'peak memory of the forward (MiB)')):
+    for ax, ylabel in zip(axes, ('latency (ms)', 'peak memory of the step (MiB)')):
         ax.set_xscale('log')
         ax.set_yscale('log')
         ax.set_xlabel('input resolution (square, pixels)')
@@ -426,7 +562,7 @@ def write_comparison_plot(path, rows) -> bool:
         ax.set_xticks(sorted({r['resolution'] for r in rows}))
         ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
         ax.grid(True, which='both', alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.suptitle(f"dense backbones, batch {first['batch_size']}, {first['amp']}, {where}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -437,11 +573,12 @@ def write_comparison_plot(path, rows) -> bool:
 def compare_main(args):
     rows = compare_backbones(args.config, args.compare or (), args.resolutions or DEFAULT_RESOLUTIONS,
                              args.batch_size, args.device, args.amp, args.warmup, args.repeat, args.cfg_options,
-                             progress=progress_from_args(args))
+                             progress=progress_from_args(args), modes=tuple(args.modes),
+                             profile_rows=args.profile_rows if args.profile else 0)
     where = torch.cuda.get_device_name(args.device) if str(args.device).startswith('cuda') else \
         f'cpu ({torch.get_num_threads()} threads)'
     print(f'{osp.basename(args.config)}: dense backbones, batch {args.batch_size}, {where}, {args.amp or "fp32"}, '
-          f'median of {args.repeat} after {args.warmup} warm-up')
+          f'median of {args.repeat} interleaved rounds after {args.warmup} warm-up')
     print(format_comparison(rows))
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
