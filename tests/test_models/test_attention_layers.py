@@ -132,10 +132,11 @@ def test_fused_conv_bn_act_equals_the_modules(act, stride):
 
 def test_fused_linear_act_and_when_fusion_applies():
     torch.manual_seed(0)
-    linear, act = torch.nn.Linear(16, 24), torch.nn.GELU()
-    x = torch.randn(2, 5, 3, 16)
+    linear, act = torch.nn.Linear(16, 64), torch.nn.GELU()
+    x = torch.randn(2, 256, 256, 16)  # a 32 MiB output: the fused matmul
     with torch.no_grad():
         torch.testing.assert_close(linear_act(linear, act, x), act(linear(x)), rtol=1e-5, atol=1e-6)
+    x = x[:, :4, :4]
     layer = ConvBN(4, 4)
     assert not inference_fusable(x, linear)  # grad mode: autograd records the parameters
     with torch.no_grad():

@@ -21,6 +21,8 @@ from torch import Tensor
 
 from polaformerpp.ops import RopeGrid, apply_rope, gated_output, pola_attention_gated, rope_2d_tables
 
+from .fused import linear_act
+
 __all__ = ['GatedAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer']
 
 
@@ -62,7 +64,7 @@ class GatedAttention(nn.Module):
             dense channels-last memory).
         """
         B, H, W, C = x.shape
-        q, k, v, gate = self.in_proj(x).chunk(4, dim=-1)
+        q, k, v, gate = linear_act(self.in_proj, None, x).chunk(4, dim=-1)
         v = v.contiguous()
         v_image = v.permute(0, 3, 1, 2)
 
@@ -111,7 +113,7 @@ class PolaLinearAttention(GatedAttention):
         out = pola_attention_gated(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
                                    self.lepe_tokens(v_image), gate.reshape(B, H * W, C), rope=rope,
                                    backend=self.backend, lepe_writable=True)
-        return self.proj(out).view(B, H, W, C)
+        return linear_act(self.proj, None, out).view(B, H, W, C)
 
 
 class RoPESoftmaxAttention(GatedAttention):
@@ -145,7 +147,7 @@ class RoPESoftmaxAttention(GatedAttention):
             out = gated_output(out, lepe, gate)
         else:  # in place on the fresh merged heads (sdpa's backward would need its output)
             out = out.transpose(1, 2).reshape(B, H * W, C).add_(lepe).mul_(gate)
-        return self.proj(out).view(B, H, W, C)
+        return linear_act(self.proj, None, out).view(B, H, W, C)
 
 
 def build_token_mixer(attn_type: str, embed_dims: int, num_heads: int, backend: str = 'auto') -> nn.Module:

@@ -43,7 +43,7 @@ class ConvFFN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = linear_act(self.fc1, self.act, x)
-        return self.fc2(conv_residual(self.dwconv, x))
+        return linear_act(self.fc2, None, conv_residual(self.dwconv, x))
 
 
 def conv_residual(conv: nn.Module, x: Tensor) -> Tensor:
