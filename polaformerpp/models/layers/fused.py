@@ -76,12 +76,17 @@ def _algorithm(post_op: str) -> str:
     return 'none' if post_op == 'gelu' else ''
 
 
+def _output_bytes(x: Tensor, linear: nn.Linear) -> int:
+    return x.numel() // max(x.shape[-1], 1) * linear.out_features * x.element_size()
+
+
 def linear_act(linear: nn.Linear, act: Optional[nn.Module], x: Tensor) -> Tensor:
     """``act(linear(x))`` for ``x`` ``(..., C_in)``; one fused matmul where :func:`inference_fusable`
     and the output holds at least :data:`MIN_FUSED_LINEAR_OUTPUT_BYTES`."""
     post_op = _post_op(act)
-    large = x.numel() // max(x.shape[-1], 1) * linear.out_features * 4 >= MIN_FUSED_LINEAR_OUTPUT_BYTES
-    if post_op is not None and large and inference_fusable(x, linear) and x.stride(-1) == 1:
+    # the size test last: under tracing (export with symbolic sizes) it would become a guard
+    if (post_op is not None and inference_fusable(x, linear) and x.stride(-1) == 1
+            and _output_bytes(x, linear) >= MIN_FUSED_LINEAR_OUTPUT_BYTES):
         return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, post_op, [],
                                                 _algorithm(post_op))
     y = linear(x)
