@@ -62,7 +62,7 @@ import time
 import torch
 from mmengine.config import Config, DictAction
 
-from polaformerpp.analysis import load_model, timed_calls
+from polaformerpp.analysis import SGEMM_SIZE, load_model, sgemm_seconds, timed_calls
 from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import (
     ArgumentCheckError,
@@ -321,22 +321,8 @@ def time_forward(forward, device, warmup, repeat):
     return statistics.median(times), min(times)
 
 
-#: side of the square fp32 matrix product that measures the machine's matrix-multiply rate
-SGEMM_SIZE = 2048
 #: a training step (forward + backward) counted as three forwards' multiply-accumulates
 TRAIN_MAC_FACTOR = 3
-
-
-def sgemm_seconds(device, size=SGEMM_SIZE):
-    """A callable timing one fp32 ``size x size`` matrix product (seconds) on ``device``."""
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(size, size, generator=gen).to(device) for _ in range(2))
-    a @ b
-
-    def timed():
-        return timed_calls(lambda: a @ b, device, 1)[0]
-
-    return timed
 
 
 def efficiency(macs, seconds, sgemm_gflops):

@@ -12,7 +12,10 @@ Sweeps the sequence length N (and batch, heads, head dim, dtype) and times:
   :func:`polaformerpp.ops.pola_attention.naive_pola_attention`.
 
 For each cell it prints the median time, tokens/s, the peak memory the call
-added on top of its inputs and, on CUDA, the achieved bandwidth for the ideal
+added on top of its inputs, for the pola backends' fp32 forward the time over
+its GEMM floor (``x floor``: the time its two matrix products, the key state
+and the readout, take at the machine's fp32 matrix-multiply rate, measured by
+a 2048 x 2048 product interleaved with the timed runs) and, on CUDA, the achieved bandwidth for the ideal
 traffic (read q, k, v once, write o once) against the device's peak. A cell
 that runs out of memory prints ``OOM``. Results go to a CSV file and a log-log
 plot of time and memory against N. While the cells run, a progress bar over
@@ -44,6 +47,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from polaformerpp.analysis import SGEMM_SIZE, sgemm_seconds
 from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_rope_tables
 from polaformerpp.ops.pola_attention import naive_pola_attention
 from polaformerpp.utils.cli import (
@@ -212,19 +216,39 @@ def run_once(call, inputs, backward):
     return out
 
 
-def time_call(call, inputs, device, repeat, warmup, backward):
-    """Median wall time in ms."""
+def time_call(call, inputs, device, repeat, warmup, backward, between=None):
+    """Median wall time in ms; with ``between`` (a callable returning seconds) also the
+    median of its times, one call after each timed run (interleaved rounds)."""
     for _ in range(warmup):
         run_once(call, inputs, backward)
     synchronize(device)
-    times = []
+    times, between_times = [], []
     for _ in range(repeat):
         synchronize(device)
         start = time.perf_counter()
         run_once(call, inputs, backward)
         synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        if between is not None:
+            between_times.append(between())
+    median = statistics.median(times)
+    return (median, statistics.median(between_times)) if between is not None else median
+
+
+def product_flops(cell):
+    """FLOPs of the two matrix products of the pola op's forward (``dv = d``).
+
+    The key state ``phi(k)^T v`` (``2d x dv`` per head: ``2 N 2d dv``) and the
+    two streams' readouts (each ``(N, 2d) @ (2d, dv/2)``: ``2 N 2d dv`` together).
+    Their time at the in-process sgemm rate is the op's GEMM floor.
+    """
+    head_dim = cell['head_dim']
+    return 4 * cell['batch'] * cell['heads'] * cell['seq_len'] * 2 * head_dim * head_dim
+
+
+def has_gemm_floor(cell):
+    """The pola backends' forward in fp32: the cells measured against their GEMM floor."""
+    return cell['backend'].startswith('pola') and not cell['backward'] and cell['dtype'] == 'fp32'
 
 
 def current_rss_bytes():
@@ -263,7 +287,7 @@ def measure_cell(cell):
     """Time one (backend, shape, dtype) cell; returns a result dict (``status`` 'ok'/'OOM'/error)."""
     device = torch.device(cell['device'])
     dtype = DTYPES[cell['dtype']]
-    result = dict(cell, time_ms=None, peak_mib=None, status='ok', note='')
+    result = dict(cell, time_ms=None, peak_mib=None, sgemm_gflops=None, floor_ms=None, status='ok', note='')
     if cell.get('threads'):
         torch.set_num_threads(cell['threads'])
     try:
@@ -280,7 +304,13 @@ def measure_cell(cell):
         else:
             reset_peak_rss()
             base = current_rss_bytes()
-        result['time_ms'] = time_call(call, inputs, device, cell['repeat'], cell['warmup'], cell['backward'])
+        if has_gemm_floor(cell):  # rounds interleaved with the sgemm that measures the machine's rate
+            result['time_ms'], sgemm = time_call(call, inputs, device, cell['repeat'], cell['warmup'], False,
+                                                 between=sgemm_seconds(device))
+            result['sgemm_gflops'] = 2 * SGEMM_SIZE ** 3 / sgemm / 1e9
+            result['floor_ms'] = product_flops(cell) / (result['sgemm_gflops'] * 1e9) * 1e3
+        else:
+            result['time_ms'] = time_call(call, inputs, device, cell['repeat'], cell['warmup'], cell['backward'])
         peak = torch.cuda.max_memory_allocated(device) if device.type == 'cuda' else peak_rss_bytes()
         result['peak_mib'] = max(peak - base, 0) / 2**20
     except Exception as exc:  # one bad cell must not end the sweep
@@ -308,7 +338,7 @@ def measure_cell_isolated(cell):
     if not queue.empty():
         return queue.get()
     status = 'OOM' if proc.exitcode in (-9, 137) else f'error: worker exited {proc.exitcode}'
-    return dict(cell, time_ms=None, peak_mib=None, status=status, note='')
+    return dict(cell, time_ms=None, peak_mib=None, sgemm_gflops=None, floor_ms=None, status=status, note='')
 
 
 # ----------------------------------------------------------------------------
@@ -341,6 +371,7 @@ def add_derived(result, peak_gbps):
     result['tokens_per_s'] = tokens / (result['time_ms'] / 1e3) if ok else None
     result['gbps'] = ideal_bytes(result) / (result['time_ms'] / 1e3) / 1e9 if ok else None
     result['peak_fraction'] = result['gbps'] / peak_gbps if ok and peak_gbps else None
+    result['x_floor'] = result['time_ms'] / result['floor_ms'] if ok and result['floor_ms'] else None
     return result
 
 
@@ -349,10 +380,10 @@ def format_row(result, cuda):
         return format(value, fmt) if value is not None else '-'
 
     if result['status'] != 'ok':
-        timing = [result['status'] if result['status'] == 'OOM' else 'ERR', '-', '-']
+        timing = [result['status'] if result['status'] == 'OOM' else 'ERR', '-', '-', '-']
     else:
         timing = [num(result['time_ms'], '.3f'), num(result['tokens_per_s'], '.3e'),
-                  num(result['peak_mib'], '.1f')]
+                  num(result['peak_mib'], '.1f'), num(result['x_floor'], '.2f')]
     row = [result['backend'], result['dtype'], str(result['batch']), str(result['heads']),
            str(result['head_dim']), str(result['seq_len'])] + timing
     if cuda:
@@ -392,7 +423,8 @@ def check_equal_outputs(args, device):
 
 def write_csv(path, results):
     keys = ['backend', 'dtype', 'batch', 'heads', 'head_dim', 'seq_len', 'rope', 'backward', 'device',
-            'time_ms', 'tokens_per_s', 'peak_mib', 'gbps', 'peak_fraction', 'status', 'note']
+            'time_ms', 'tokens_per_s', 'peak_mib', 'gbps', 'peak_fraction', 'sgemm_gflops', 'floor_ms', 'x_floor',
+            'status', 'note']
     with open(path, 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction='ignore')
         writer.writeheader()
@@ -459,7 +491,7 @@ def main(argv=None):
     for line in check_equal_outputs(args, device):
         print(line)
 
-    header = ['backend', 'dtype', 'B', 'h', 'd', 'N', 'time ms', 'tokens/s', 'peak MiB']
+    header = ['backend', 'dtype', 'B', 'h', 'd', 'N', 'time ms', 'tokens/s', 'peak MiB', 'x floor']
     header += ['GB/s (of peak)'] if cuda else []
     header += ['note']
     results, rows = [], []
