@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from polaformerpp.models.layers import ConvBN, PolaFormerBlock, PolaLinearAttention, RoPESoftmaxAttention
-from polaformerpp.models.layers.fused import conv_bn_act, inference_fusable, linear_act
+from polaformerpp.models.layers.fused import conv_bn_act, inference_fusable, layer_norm_to_nchw, linear_act
 from polaformerpp.ops import RopeGrid, apply_rope, pola_attention, rope_2d_tables
 
 
@@ -128,6 +128,24 @@ def test_fused_conv_bn_act_equals_the_modules(act, stride):
         out = conv_bn_act(layer.conv, layer.bn, act, x)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_layer_norm_to_nchw_in_blocks_equals_the_plain_form():
+    """Normalised and transposed block by block (a 70 x 70 x 64 map: two blocks, the second partial, and a
+    batch of two): the plain form's values exactly, contiguous NCHW; with autograd the plain form itself."""
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(64, eps=1e-6)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = torch.randn(2, 70, 70, 64)
+    expected = norm(x).permute(0, 3, 1, 2).contiguous()
+    with torch.no_grad():
+        out = layer_norm_to_nchw(norm, x)
+    assert out.shape == (2, 64, 70, 70) and out.is_contiguous()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    grad_out = layer_norm_to_nchw(norm, x)
+    assert grad_out.requires_grad and grad_out.is_contiguous()
+    torch.testing.assert_close(grad_out, expected, rtol=0, atol=0)
 
 
 def test_fused_linear_act_and_when_fusion_applies():

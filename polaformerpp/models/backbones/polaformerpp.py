@@ -10,7 +10,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..layers import ConvBN, PolaFormerBlock
-from ..layers.fused import conv_bn_act
+from ..layers.fused import conv_bn_act, layer_norm_to_nchw
 
 __all__ = ['PolaFormerPP']
 
@@ -78,7 +78,7 @@ class ChannelLayerNorm(nn.LayerNorm):
     def forward(self, x: Tensor) -> Tensor:
         # a channels-last result would propagate through necks and break ops that read
         # NCHW memory directly (mmcv's RoIAlign then pools the wrong values)
-        return super().forward(x).permute(0, 3, 1, 2).contiguous()
+        return layer_norm_to_nchw(self, x)
 
 
 @MODELS.register_module()

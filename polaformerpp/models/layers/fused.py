@@ -10,6 +10,8 @@ These helpers keep such passes inside the producing kernel:
   large enough for the saved pass to pay;
 * :func:`conv_bn_act`: ``act(bn(conv(x)))`` as one oneDNN convolution, the
   BatchNorm folded into the conv's weight and bias (eval mode);
+* :func:`layer_norm_to_nchw`: a channels-last LayerNorm whose output is
+  transposed to NCHW block by block while in cache;
 * :func:`inference_fusable`: whether a call may take those forms.
 
 Everywhere else (training, autograd, other devices and dtypes, torch.compile,
@@ -20,9 +22,10 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['inference_fusable', 'linear_act', 'conv_bn_act', 'fold_batch_norm']
+__all__ = ['inference_fusable', 'linear_act', 'conv_bn_act', 'fold_batch_norm', 'layer_norm_to_nchw']
 
 #: outputs from this size on take the fused matmul. Measured (2 threads, fp32): where the output
 #: is large, the pass the activation saves over a fresh tensor dominates and the fused form is
@@ -122,3 +125,31 @@ def conv_bn_act(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], act: Optional[nn.
                                                    list(conv.dilation), conv.groups, post_op, [],
                                                    _algorithm(post_op))
 
+
+
+#: bytes of tokens per block of :func:`layer_norm_to_nchw` (measured, 2 threads: 1 MiB blocks are
+#: 3-4x faster than one whole-map transposing copy at 64-256 channels, 256 KiB ~10% slower)
+NCHW_BLOCK_BYTES = 2**20
+
+
+def layer_norm_to_nchw(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    """``norm(x)`` for channels-last tokens ``x`` ``(B, H, W, C)`` as a contiguous ``(B, C, H, W)`` tensor.
+
+    Where :func:`inference_fusable` (and ``x`` is contiguous) the tokens go in
+    blocks of about :data:`NCHW_BLOCK_BYTES`: each block is normalised and
+    written transposed while it is in cache. ATen's transposing copy of a
+    whole map runs far below memory speed (a 256 x 256 x 64 map: 11.6 ms
+    against 2.9 ms in blocks). The values are those of the plain form.
+    """
+    def normalised(tokens):  # the functional form: ``norm`` may call this from its own forward
+        return F.layer_norm(tokens, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+    if not (inference_fusable(x, norm) and x.is_contiguous()):
+        return normalised(x).permute(0, 3, 1, 2).contiguous()
+    B, H, W, C = x.shape
+    out = x.new_empty(B, C, H, W)
+    tokens, out_tokens = x.view(B, H * W, C), out.view(B, C, H * W)
+    step = max(1, NCHW_BLOCK_BYTES // (C * x.element_size()))
+    for start in range(0, H * W, step):
+        out_tokens[:, :, start:start + step].copy_(normalised(tokens[:, start:start + step]).transpose(1, 2))
+    return out
