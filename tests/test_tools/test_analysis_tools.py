@@ -139,7 +139,15 @@ def test_benchmark_attention_tool(tmp_path, capsys, rope_form):
     assert [(r['backend'], r['seq_len']) for r in results] == [(b, n) for n in (64, 300) for b in ran]
     assert all(r['status'] == 'ok' and r['time_ms'] > 0 and r['tokens_per_s'] > 0 for r in results)
     assert {r['rope'] for r in results} == {rope_form}
+    for r in results:  # the pola backends' fp32 forward against their GEMM floor: 8 B h N d^2 FLOPs
+        if r['backend'].startswith('pola'):
+            assert r['sgemm_gflops'] > 0
+            assert r['floor_ms'] == pytest.approx(8 * 2 * r['seq_len'] * 16 ** 2 / (r['sgemm_gflops'] * 1e6))
+            assert r['x_floor'] == pytest.approx(r['time_ms'] / r['floor_ms'])
+        else:
+            assert r['floor_ms'] is None and r['x_floor'] is None
     out = capsys.readouterr().out
+    assert 'x floor' in out
     for backend in ran:
         if backend in ('naive', 'pola-cpu'):
             diff = float(out.split(f'{backend} vs pola-torch')[1].split('max |diff| = ')[1].split()[0])

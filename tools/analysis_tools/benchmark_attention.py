@@ -371,7 +371,7 @@ def add_derived(result, peak_gbps):
     result['tokens_per_s'] = tokens / (result['time_ms'] / 1e3) if ok else None
     result['gbps'] = ideal_bytes(result) / (result['time_ms'] / 1e3) / 1e9 if ok else None
     result['peak_fraction'] = result['gbps'] / peak_gbps if ok and peak_gbps else None
-    result['x_floor'] = result['time_ms'] / result['floor_ms'] if ok and result['floor_ms'] else None
+    result['x_floor'] = result['time_ms'] / result['floor_ms'] if ok and result.get('floor_ms') else None
     return result
 
 
