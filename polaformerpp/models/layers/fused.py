@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from polaformerpp.ops.pola_attention.common import is_tracing
+
 __all__ = ['inference_fusable', 'linear_act', 'conv_bn_act', 'fold_batch_norm', 'layer_norm_to_nchw']
 
 #: outputs from this size on take the fused matmul. Measured (2 threads, fp32): where the output
@@ -46,10 +48,6 @@ def _mkldnn_pointwise_available() -> bool:
 _AVAILABLE = _mkldnn_pointwise_available()
 
 
-def _is_tracing() -> bool:
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
-
-
 def inference_fusable(x: Tensor, module: nn.Module) -> bool:
     """Whether ``module`` may run its fused form on ``x``: CPU fp32 inference, oneDNN present.
 
@@ -58,7 +56,7 @@ def inference_fusable(x: Tensor, module: nn.Module) -> bool:
     """
     if not _AVAILABLE or x.device.type != 'cpu' or x.dtype != torch.float32:
         return False
-    if torch.is_autocast_enabled('cpu') or _is_tracing():
+    if torch.is_autocast_enabled('cpu') or is_tracing():
         return False
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
         return False
