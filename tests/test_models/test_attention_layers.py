@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from polaformerpp.models.layers import ConvBN, PolaFormerBlock, PolaLinearAttention, RoPESoftmaxAttention
+from polaformerpp.models.layers import ConvBN, ConvFFN, PolaFormerBlock, PolaLinearAttention, RoPESoftmaxAttention
 from polaformerpp.models.layers.fused import conv_bn_act, inference_fusable, layer_norm_to_nchw, linear_act
 from polaformerpp.ops import RopeGrid, apply_rope, pola_attention, rope_2d_tables
 
@@ -146,6 +146,40 @@ def test_layer_norm_to_nchw_in_blocks_equals_the_plain_form():
     grad_out = layer_norm_to_nchw(norm, x)
     assert grad_out.requires_grad and grad_out.is_contiguous()
     torch.testing.assert_close(grad_out, expected, rtol=0, atol=0)
+
+
+def _ffn_plain(ffn, x):
+    """The FFN written out on the whole map: ``fc2(h + dwconv(h))``, ``h = GELU(fc1(x))``."""
+    hidden = ffn.act(ffn.fc1(x))
+    return ffn.fc2(hidden + ffn.dwconv(hidden.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize('rows', [1, 3, 11])
+def test_ffn_in_row_blocks_equals_the_whole_map(rows):
+    """Row blocks with one halo row each side (1 row, 3 rows with a partial last block, the whole map;
+    batch 2): the whole-map FFN's output."""
+    torch.manual_seed(0)
+    ffn = _randomised(ConvFFN(8, 28))
+    x = torch.randn(2, 11, 7, 8)
+    with torch.no_grad():
+        out = ffn.forward_in_row_blocks(x, block_bytes=rows * 7 * 28 * 4)
+        torch.testing.assert_close(out, _ffn_plain(ffn, x), rtol=1e-5, atol=1e-6)
+    assert out.is_contiguous()
+
+
+def test_ffn_takes_row_blocks_for_large_maps_in_inference_only(monkeypatch):
+    torch.manual_seed(0)
+    ffn = _randomised(ConvFFN(8, 28))
+    calls = []
+    forward_in_row_blocks = ffn.forward_in_row_blocks
+    monkeypatch.setattr(ffn, 'forward_in_row_blocks', lambda x: calls.append(x.shape) or forward_in_row_blocks(x))
+    monkeypatch.setattr('polaformerpp.models.layers.blocks.FFN_ROW_BLOCKS_FROM_BYTES', 2 * 2**20)
+    large = torch.randn(1, 160, 160, 8)  # a 2.7 MiB hidden map, over the threshold set above
+    with torch.no_grad():
+        torch.testing.assert_close(ffn(large), _ffn_plain(ffn, large), rtol=1e-5, atol=1e-5)
+        ffn(large[:, :8, :8])  # small: the whole map
+    ffn(large)  # autograd records: the whole map
+    assert calls == [large.shape]
 
 
 def test_fused_linear_act_and_when_fusion_applies():

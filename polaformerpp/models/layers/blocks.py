@@ -5,7 +5,7 @@ from mmcv.cnn.bricks import DropPath
 from torch import Tensor
 
 from .attention import build_token_mixer
-from .fused import conv_bn_act, linear_act
+from .fused import conv_bn_act, inference_fusable, linear_act
 
 __all__ = ['ConvBN', 'ConvFFN', 'PolaFormerBlock', 'conv_residual']
 
@@ -27,11 +27,18 @@ class ConvBN(nn.Sequential):
         return conv_bn_act(self.conv, self.bn, act, x)
 
 
+#: in CPU inference, hidden maps from this size on go through the FFN in row blocks
+#: (:meth:`ConvFFN.forward_in_row_blocks`) of about :data:`FFN_BLOCK_BYTES` of hidden activations
+FFN_ROW_BLOCKS_FROM_BYTES = 16 * 2**20
+FFN_BLOCK_BYTES = 4 * 2**20
+
+
 class ConvFFN(nn.Module):
     """``Linear(C, F) -> GELU -> x + dwconv3x3(x) -> Linear(F, C)`` on ``(B, H, W, C)``.
 
     The depthwise conv reads the hidden tokens as a channels-last image (no
-    copy); in CPU inference the GELU is the first product's post-op.
+    copy); in CPU inference the GELU is the first product's post-op, and
+    large maps go through in row blocks (:meth:`forward_in_row_blocks`).
     """
 
     def __init__(self, embed_dims: int, hidden_dims: int):
@@ -42,8 +49,38 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden_dims, embed_dims)
 
     def forward(self, x: Tensor) -> Tensor:
+        hidden_bytes = x.numel() // max(x.shape[-1], 1) * self.fc1.out_features * x.element_size()
+        if inference_fusable(x, self) and x.is_contiguous() and hidden_bytes >= FFN_ROW_BLOCKS_FROM_BYTES:
+            return self.forward_in_row_blocks(x)
         x = linear_act(self.fc1, self.act, x)
         return linear_act(self.fc2, None, conv_residual(self.dwconv, x))
+
+    def forward_in_row_blocks(self, x: Tensor, block_bytes: int = FFN_BLOCK_BYTES) -> Tensor:
+        """:meth:`forward` one block of image rows at a time (inference; ``x`` contiguous ``(B, H, W, C)``).
+
+        Each block's hidden rows, with one halo row on each side for the 3x3
+        conv, are computed, convolved and projected back while in cache, and
+        the block's output rows are written into the result: the ``(B, H, W, F)``
+        hidden maps never exist. On a 2-core CPU a whole-map hidden tensor
+        pays its page faults on every call (glibc maps allocations above 32 MiB
+        afresh), which is most of the FFN's time outside its products at the
+        first stages' resolutions. The halo rows cost ``2 / rows`` extra ``fc1``
+        and conv work.
+        """
+        B, H, W, C = x.shape
+        out = x.new_empty(B, H, W, self.fc2.out_features)
+        rows = max(1, block_bytes // (W * self.fc1.out_features * x.element_size()))
+        for b in range(B):
+            for start in range(0, H, rows):
+                stop = min(H, start + rows)
+                low, high = max(0, start - 1), min(H, stop + 1)
+                hidden = linear_act(self.fc1, self.act, x[b:b + 1, low:high])  # (1, rows + halo, W, F)
+                # zero padding stands for the rows outside the image; the halo rows' own outputs are dropped
+                conv = self.dwconv(hidden.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+                mixed = conv[:, start - low:stop - low].add_(hidden[:, start - low:stop - low])
+                torch.addmm(self.fc2.bias, mixed.reshape(-1, mixed.shape[-1]), self.fc2.weight.t(),
+                            out=out[b, start:stop].view(-1, out.shape[-1]))
+        return out
 
 
 def conv_residual(conv: nn.Module, x: Tensor) -> Tensor:
