@@ -5,7 +5,7 @@ from mmcv.cnn.bricks import DropPath
 from torch import Tensor
 
 from .attention import build_token_mixer
-from .fused import conv_bn_act, inference_fusable, linear_act
+from .fused import conv_bn_act, inference_fusable, linear_act, linear_output_bytes
 
 __all__ = ['ConvBN', 'ConvFFN', 'PolaFormerBlock', 'conv_residual']
 
@@ -49,8 +49,8 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden_dims, embed_dims)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden_bytes = x.numel() // max(x.shape[-1], 1) * self.fc1.out_features * x.element_size()
-        if inference_fusable(x, self) and x.is_contiguous() and hidden_bytes >= FFN_ROW_BLOCKS_FROM_BYTES:
+        if (inference_fusable(x, self) and x.is_contiguous()
+                and linear_output_bytes(x, self.fc1) >= FFN_ROW_BLOCKS_FROM_BYTES):
             return self.forward_in_row_blocks(x)
         x = linear_act(self.fc1, self.act, x)
         return linear_act(self.fc2, None, conv_residual(self.dwconv, x))
@@ -61,11 +61,10 @@ class ConvFFN(nn.Module):
         Each block's hidden rows, with one halo row on each side for the 3x3
         conv, are computed, convolved and projected back while in cache, and
         the block's output rows are written into the result: the ``(B, H, W, F)``
-        hidden maps never exist. On a 2-core CPU a whole-map hidden tensor
-        pays its page faults on every call (glibc maps allocations above 32 MiB
-        afresh), which is most of the FFN's time outside its products at the
-        first stages' resolutions. The halo rows cost ``2 / rows`` extra ``fc1``
-        and conv work.
+        hidden maps never exist. A whole-map hidden tensor pays its page faults
+        on every call (glibc maps allocations above 32 MiB afresh) and leaves
+        the cache between the three passes. The halo rows cost ``2 / rows``
+        extra ``fc1`` and conv work.
         """
         B, H, W, C = x.shape
         out = x.new_empty(B, H, W, self.fc2.out_features)

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from polaformerpp.ops.pola_attention.common import is_tracing
 
-__all__ = ['inference_fusable', 'linear_act', 'conv_bn_act', 'fold_batch_norm', 'layer_norm_to_nchw']
+__all__ = ['inference_fusable', 'linear_act', 'linear_output_bytes', 'conv_bn_act', 'fold_batch_norm',
+           'layer_norm_to_nchw']
 
 #: outputs from this size on take the fused matmul. Measured (2 threads, fp32): where the output
 #: is large, the pass the activation saves over a fresh tensor dominates and the fused form is
@@ -77,7 +78,8 @@ def _algorithm(post_op: str) -> str:
     return 'none' if post_op == 'gelu' else ''
 
 
-def _output_bytes(x: Tensor, linear: nn.Linear) -> int:
+def linear_output_bytes(x: Tensor, linear: nn.Linear) -> int:
+    """Bytes of ``linear(x)`` for ``x`` ``(..., C_in)`` (in ``x``'s dtype)."""
     return x.numel() // max(x.shape[-1], 1) * linear.out_features * x.element_size()
 
 
@@ -87,7 +89,7 @@ def linear_act(linear: nn.Linear, act: Optional[nn.Module], x: Tensor) -> Tensor
     post_op = _post_op(act)
     # the size test last: under tracing (export with symbolic sizes) it would become a guard
     if (post_op is not None and inference_fusable(x, linear) and x.stride(-1) == 1
-            and _output_bytes(x, linear) >= MIN_FUSED_LINEAR_OUTPUT_BYTES):
+            and linear_output_bytes(x, linear) >= MIN_FUSED_LINEAR_OUTPUT_BYTES):
         return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, post_op, [],
                                                 _algorithm(post_op))
     y = linear(x)
