@@ -23,7 +23,7 @@ from .attention_stats import (
     temperature_summary,
 )
 from .complexity import count_complexity, sdpa_flop_handle
-from .timing import SGEMM_SIZE, sgemm_seconds, timed_calls
+from .timing import SGEMM_SIZE, sgemm_gflops, sgemm_seconds, timed_calls
 
 __all__ = [
     'count_complexity', 'sdpa_flop_handle', 'METHODS', 'AttentionCapture', 'AttentionRecorder',
@@ -31,5 +31,5 @@ __all__ = [
     'entropy_table', 'format_entropy_table', 'kernel_attention_weights', 'load_images', 'load_model',
     'pola_attention_modules', 'pola_attention_weights', 'polarity_mixing', 'query_indices',
     'run_model', 'short_layer_name', 'softmax_attention_weights', 'temperature_pairs',
-    'temperature_summary', 'timed_calls', 'sgemm_seconds', 'SGEMM_SIZE'
+    'temperature_summary', 'timed_calls', 'sgemm_seconds', 'sgemm_gflops', 'SGEMM_SIZE'
 ]

@@ -4,7 +4,7 @@ from typing import Callable, List
 
 import torch
 
-__all__ = ['timed_calls', 'sgemm_seconds', 'SGEMM_SIZE']
+__all__ = ['timed_calls', 'sgemm_seconds', 'sgemm_gflops', 'SGEMM_SIZE']
 
 #: side of the fp32 square matrix product that measures the machine's matrix-multiply rate
 SGEMM_SIZE = 2048
@@ -40,3 +40,8 @@ def sgemm_seconds(device, size: int = SGEMM_SIZE) -> Callable[[], float]:
         return timed_calls(lambda: a @ b, device, 1)[0]
 
     return timed
+
+
+def sgemm_gflops(seconds: float, size: int = SGEMM_SIZE) -> float:
+    """The rate (GFLOP/s) of one ``size x size`` fp32 product timed at ``seconds`` (:func:`sgemm_seconds`)."""
+    return 2 * size ** 3 / seconds / 1e9

@@ -62,7 +62,7 @@ import time
 import torch
 from mmengine.config import Config, DictAction
 
-from polaformerpp.analysis import SGEMM_SIZE, load_model, sgemm_seconds, timed_calls
+from polaformerpp.analysis import load_model, sgemm_gflops, sgemm_seconds, timed_calls
 from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import (
     ArgumentCheckError,
@@ -435,7 +435,7 @@ def compare_backbones(config, peers=(), resolutions=DEFAULT_RESOLUTIONS, batch_s
                             timed[name].append(timed_calls(cell[name]['step'], device, 1)[0])
                         except Exception as exc:
                             cell[name]['status'] = 'OOM' if is_oom(exc) else f'error: {type(exc).__name__}'
-                    rates.append(2 * SGEMM_SIZE ** 3 / sgemm() / 1e9)
+                    rates.append(sgemm_gflops(sgemm()))
                 rate = statistics.median(rates)
                 for name, row in cell.items():
                     step = row.pop('step', None)

@@ -15,10 +15,10 @@ For each cell it prints the median time, tokens/s, the peak memory the call
 added on top of its inputs, for the pola backends' fp32 forward the time over
 its GEMM floor (``x floor``: the time its two matrix products, the key state
 and the readout, take at the machine's fp32 matrix-multiply rate, measured by
-a 2048 x 2048 product interleaved with the timed runs) and, on CUDA, the achieved bandwidth for the ideal
-traffic (read q, k, v once, write o once) against the device's peak. A cell
-that runs out of memory prints ``OOM``. Results go to a CSV file and a log-log
-plot of time and memory against N. While the cells run, a progress bar over
+a 2048 x 2048 product interleaved with the timed runs) and, on CUDA, the
+achieved bandwidth for the ideal traffic (read q, k, v once, write o once)
+against the device's peak. A cell that runs out of memory prints ``OOM``.
+Results go to a CSV file and a log-log plot of time and memory against N. While the cells run, a progress bar over
 them goes to stderr when it is a terminal (``--no-progress`` or
 ``POLAPP_NO_PROGRESS=1``: none); the table goes to stdout.
 
@@ -47,7 +47,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from polaformerpp.analysis import SGEMM_SIZE, sgemm_seconds
+from polaformerpp.analysis import sgemm_gflops, sgemm_seconds
 from polaformerpp.ops import RopeGrid, available_backends, pola_attention, pola_rope_tables
 from polaformerpp.ops.pola_attention import naive_pola_attention
 from polaformerpp.utils.cli import (
@@ -307,7 +307,7 @@ def measure_cell(cell):
         if has_gemm_floor(cell):  # rounds interleaved with the sgemm that measures the machine's rate
             result['time_ms'], sgemm = time_call(call, inputs, device, cell['repeat'], cell['warmup'], False,
                                                  between=sgemm_seconds(device))
-            result['sgemm_gflops'] = 2 * SGEMM_SIZE ** 3 / sgemm / 1e9
+            result['sgemm_gflops'] = sgemm_gflops(sgemm)
             result['floor_ms'] = product_flops(cell) / (result['sgemm_gflops'] * 1e9) * 1e3
         else:
             result['time_ms'] = time_call(call, inputs, device, cell['repeat'], cell['warmup'], cell['backward'])

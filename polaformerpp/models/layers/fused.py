@@ -126,7 +126,6 @@ def conv_bn_act(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], act: Optional[nn.
                                                    _algorithm(post_op))
 
 
-
 #: bytes of tokens per block of :func:`layer_norm_to_nchw` (measured, 2 threads: 1 MiB blocks are
 #: 3-4x faster than one whole-map transposing copy at 64-256 channels, 256 KiB ~10% slower)
 NCHW_BLOCK_BYTES = 2**20
