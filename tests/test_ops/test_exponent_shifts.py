@@ -74,7 +74,7 @@ def gradient_tolerance(scale):
 @pytest.mark.parametrize('use_rope', [False, True])
 @pytest.mark.parametrize('scale', [1.0, 30.0, 100.0])
 def test_torch_gradients_match_float64_at_any_magnitude(use_rope, scale):
-    """The eager backend is the differentiable one (the fused CPU path is forward only)."""
+    """The eager backend's autograd (the fused CPU backend hands inputs that need shifts to it in training)."""
     q, k, v, ts, to = uniform_inputs(1, 2, 40, 8, scale, seed=3)
     rope = rope_for(use_rope, 40)
     grad_out = torch.randn(1, 2, 40, 8, generator=torch.Generator().manual_seed(9))

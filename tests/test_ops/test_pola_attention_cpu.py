@@ -105,24 +105,96 @@ def test_large_and_special_values():
     assert torch.isnan(pola_attention(q, k_nan, v, ts, to, backend='cpu')[0, 0]).all()
 
 
-def test_auto_uses_cpu_kernels_only_without_autograd():
+def test_auto_trains_through_the_fused_kernels():
+    """Under autograd ``'auto'`` runs the fused forward with its analytic backward; without, the plain kernels."""
     q, k, v, ts, to = make_inputs(1, 2, 30, 8, seed=6)
     fused = pola_attention(q, k, v, ts, to, backend='cpu')
     assert torch.equal(pola_attention(q, k, v, ts, to, backend='auto'), fused)
     q.requires_grad_(True)
     out = pola_attention(q, k, v, ts, to, backend='auto')
-    assert out.requires_grad  # the eager backend recorded the graph
+    assert type(out.grad_fn).__name__ == 'PolaAttentionCPUBackward'
+    assert torch.equal(out.detach(), fused)
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
-    with torch.no_grad():
-        assert torch.equal(pola_attention(q, k, v, ts, to, backend='auto'), fused)
+
+
+def float64_gradients(leaves, grad_out, rope, eps=1e-6):
+    """Gradients of the torch backend's autograd, in float64, for ``leaves = (q, k, v, ts, to)``."""
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    if rope is not None and not isinstance(rope, RopeGrid):  # (sin, cos) tables
+        rope = tuple(t.double() for t in rope)
+    out = pola_attention_torch(*leaves64, rope, eps)
+    return torch.autograd.grad(out, leaves64, grad_out.double())
+
+
+@pytest.mark.parametrize('B, h, N, d, dv, rope_form', [
+    (1, 1, 7, 8, 8, 'grid'),      # fewer tokens than a kernel block of 64 rows
+    (2, 3, 65, 12, 12, 'grid'),   # N one past a kernel block of 64 rows
+    (2, 2, 200, 16, 10, 'none'),  # dv != d
+    (1, 2, 300, 64, 64, 'tables'),
+])
+def test_gradients_match_float64_autograd(B, h, N, d, dv, rope_form):
+    """The analytic backward against autograd of the eager backend in float64, every input's gradient."""
+    q, k, v, ts, to = make_inputs(B, h, N, d, dv=dv, seed=N + d)
+    rope = {'none': None, 'grid': RopeGrid(*grid_for(N)), 'tables': pola_rope_tables(*grid_for(N), d)}[rope_form]
+    leaves = [t.requires_grad_() for t in (q, k, v, ts, to)]
+    grad_out = torch.randn(B, h, N, dv, generator=torch.Generator().manual_seed(1))
+    out = pola_attention(*leaves, rope=rope, backend='cpu')
+    assert type(out.grad_fn).__name__ == 'PolaAttentionCPUBackward'
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    for name, actual, expected in zip(('q', 'k', 'v', 'temp_same', 'temp_opp'), grads,
+                                      float64_gradients(leaves, grad_out, rope)):
+        assert actual.dtype == torch.float32, name
+        assert_close_rel(actual, expected, 5e-6)
+
+
+def test_backward_in_token_chunks_reads_strided_views():
+    """Chunks that do not divide N, on (B, h, N, d) views of one packed projection, and a strided output gradient."""
+    from polaformerpp.ops.pola_attention.common import as_rope_halves
+    from polaformerpp.ops.pola_attention.cpu import pola_attention_cpu_with_state
+    from polaformerpp.ops.pola_attention.cpu_backward import pola_attention_cpu_backward
+    B, h, N, d = 2, 2, 70, 16
+    g = torch.Generator().manual_seed(5)
+    packed = torch.randn(B, N, 3 * h * d, generator=g)
+    q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in packed.chunk(3, dim=-1))
+    ts, to = (torch.rand(h, 2 * d, generator=g) * 0.9 + 0.05 for _ in range(2))
+    grad_out = torch.randn(B, N, h, d, generator=g).transpose(1, 2)
+    rope = as_rope_halves(RopeGrid(7, 10), d)
+    out, state, key_mean, shifted = pola_attention_cpu_with_state(q, k, v, ts, to, rope, 1e-6)
+    assert not shifted
+    expected = float64_gradients((q, k, v, ts, to), grad_out, RopeGrid(7, 10))
+    for chunk in (13, 64, 4096):
+        grads = pola_attention_cpu_backward(grad_out, q, k, v, ts, to, out, state, key_mean, rope, 1e-6, chunk)
+        for actual, reference in zip(grads, expected):
+            assert_close_rel(actual, reference, 5e-6)
+
+
+def test_half_precision_gradients():
+    """fp16/bf16 inputs: fp32 arithmetic, gradients in the inputs' dtypes."""
+    q, k, v, ts, to = make_inputs(1, 2, 40, 16, seed=8)
+    grad_out = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(2))
+    expected = float64_gradients((q, k, v, ts, to), grad_out, RopeGrid(5, 8))
+    for dtype, tolerance in ((torch.float16, 5e-3), (torch.bfloat16, 4e-2)):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = pola_attention(*leaves, ts, to, rope=RopeGrid(5, 8), backend='cpu')
+        grads = torch.autograd.grad(out, leaves, grad_out.to(dtype))
+        for actual, reference in zip(grads, expected):
+            assert actual.dtype == dtype
+            assert_close_rel(actual, reference, tolerance)
+
+
+def test_inputs_needing_exponent_shifts_train_through_the_eager_backend():
+    """Past the shift-free range the backward follows the shifted eager arithmetic: finite, autograd's graph."""
+    q, k, v, ts, to = make_inputs(1, 1, 24, 8, seed=9, scale=60.0)
+    q.requires_grad_(True)
+    out = pola_attention(q, k, v, ts, to, rope=RopeGrid(4, 6), backend='cpu')
+    assert type(out.grad_fn).__name__ != 'PolaAttentionCPUBackward'
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
 
 
 def test_bad_requests_raise_clear_errors():
     q, k, v, ts, to = make_inputs(1, 1, 6, 4)
-    with pytest.raises(ValueError, match="backend='cpu' is forward only"):
-        pola_attention(q, k, v, ts.requires_grad_(), to, backend='cpu')
-    ts = ts.detach()
     with pytest.raises(ValueError, match="backend='cpu' needs CPU tensors in fp32/fp16/bf16"):
         pola_attention(q.double(), k.double(), v.double(), ts, to, backend='cpu')
 

@@ -476,9 +476,8 @@ def main(argv=None):
     if 'pola-triton' in backends and not cuda:
         print('pola-triton: skipped (needs a CUDA device)')
         backends.remove('pola-triton')
-    if 'pola-cpu' in backends and (cuda or args.backward or 'cpu' not in available_backends()):
-        why = 'forward only' if args.backward else 'needs CPU tensors and the compiled kernels'
-        print(f'pola-cpu: skipped ({why})')
+    if 'pola-cpu' in backends and (cuda or 'cpu' not in available_backends()):
+        print('pola-cpu: skipped (needs CPU tensors and the compiled kernels)')
         backends.remove('pola-cpu')
     args.backends = backends
     peak_gbps = device_peak_gbps(device, args.peak_gbps)

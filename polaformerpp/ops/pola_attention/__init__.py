@@ -35,6 +35,7 @@ Modules
   maps, per-query weights), plain torch;
 * :mod:`.eager` - the chunked PyTorch backend (``backend='torch'``);
 * :mod:`.cpu` - the fused CPU forward (``backend='cpu'``, C++ in ``csrc/``);
+* :mod:`.cpu_backward` - its analytic backward, for training on the CPU;
 * :mod:`.triton_kernels` and :mod:`.triton_ops` - the fused Triton backend
   (``backend='triton'``), imported on first use;
 * :mod:`.common` - what the backends share (chunking, signed temperatures,

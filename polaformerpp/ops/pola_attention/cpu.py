@@ -13,11 +13,10 @@ and write the token layout ``(B, N, h * dv)`` directly, and the gate product
 follows chunk by chunk while the rows are still in cache: the attention output
 never exists in the head layout.
 
-Forward only: with autograd recording (an input that requires grad under
-grad mode) ``backend='auto'`` uses the eager torch implementation, and
-``backend='cpu'`` raises.
+Forward only: under autograd the dispatcher wraps it in
+:class:`~.cpu_backward.PolaAttentionCPU` (analytic backward).
 """
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -40,25 +39,25 @@ from .common import (
 )
 
 try:  # the private compiled extension, loaded only here
-    from . import _pola_features_cpu as _kernels
+    from . import _pola_features_cpu as kernels
 except ImportError:  # built by tools/setup_env.sh (setup.py build_ext --inplace); needs a C++ compiler
-    _kernels = None
+    kernels = None
 
-__all__ = ['pola_attention_cpu', 'cpu_kernels_available']
+__all__ = ['pola_attention_cpu', 'pola_attention_cpu_with_state', 'cpu_kernels_available']
 
 
 def cpu_kernels_available() -> bool:
     """Whether the compiled CPU kernels were built with this installation."""
-    return _kernels is not None
+    return kernels is not None
 
 
-def _rows(t: Tensor) -> Tensor:
+def float_rows(t: Tensor) -> Tensor:
     """fp32 with a contiguous last dim (any other strides are read in place)."""
     t = t.to(torch.float32)
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _rope_for_kernels(rope: Optional[RopeHalves]):
+def rope_rows_for_kernels(rope: Optional[RopeHalves]):
     """``rows(start, stop) -> (sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset)`` for a chunk."""
     if rope is None:
         return lambda start, stop: (None, None, None, None, 0, 0)
@@ -77,31 +76,53 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
 
     Args and returns as :func:`~polaformerpp.ops.pola_attention` (``rope`` may
     also be its :class:`~polaformerpp.ops.rope.RopeHalves`); fp32 compute for
-    fp32/fp16/bf16 inputs, output in ``q``'s dtype. Not differentiable.
+    fp32/fp16/bf16 inputs, output in ``q``'s dtype. Not differentiable
+    (:class:`~.cpu_backward.PolaAttentionCPU` is).
     With ``lepe`` and ``gate`` (both ``(B, N, h * dv)``, last dim contiguous)
     it returns ``(merged heads + lepe) * gate``, ``(B, N, h * dv)``, as
     :func:`~polaformerpp.ops.pola_attention_gated` (which describes ``lepe_writable``).
     """
-    if _kernels is None:
+    return pola_attention_cpu_with_state(q, k, v, temp_same, temp_opp, rope, eps, chunk_size, lepe, gate,
+                                         lepe_writable)[0]
+
+
+def pola_attention_cpu_with_state(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
+                                  rope: Union[Rope, RopeHalves] = None, eps: float = 1e-6,
+                                  chunk_size: Optional[int] = None, lepe: Optional[Tensor] = None,
+                                  gate: Optional[Tensor] = None, lepe_writable: bool = False,
+                                  shifted: Optional[bool] = None) -> Tuple[Tensor, Tensor, Tensor, bool]:
+    """:func:`pola_attention_cpu` that also returns what its backward reads (:mod:`.cpu_backward`).
+
+    ``shifted``: the result of :func:`~.common.needs_exponent_shift` for these
+    inputs where the caller has it (computed here otherwise).
+
+    Returns:
+        tuple: the output; the state ``S`` ``(B, h, 2d, dv)`` and key mean ``m``
+        ``(B, h, 2d)`` (fp32, both divided by the keys' scale where shifted);
+        and whether the exponent shifts were used.
+    """
+    if kernels is None:
         raise RuntimeError('the fused CPU kernels are not built: run `python setup.py build_ext --inplace` '
                            '(tools/setup_env.sh does) with a C++ compiler, or use backend="torch"')
     out_dtype = q.dtype
-    q, k, v = _rows(q), _rows(k), _rows(v)
+    q, k, v = float_rows(q), float_rows(k), float_rows(v)
     batch, heads, num_tokens, head_dim = q.shape
     half = v.shape[-1] // 2
     chunk_size = chunk_size or chunk_tokens(q)
     check_temperatures(temp_same, temp_opp)
     rope = as_rope_halves(rope, head_dim)
-    rope_rows = _rope_for_kernels(rope)
+    rope_rows = rope_rows_for_kernels(rope)
     chunks = token_chunks(num_tokens, chunk_size)
     # exponent shifts (see .common) only where some exponent may leave the shift-free range
-    shifted, pairs = needs_exponent_shift(q, k, temp_same, temp_opp), rope is not None
+    pairs = rope is not None
+    if shifted is None:
+        shifted = needs_exponent_shift(q, k, temp_same, temp_opp)
     key_shifts = key_exponent_shifts(k, pairs).contiguous() if shifted else None
 
     # pass 1: keys -> state S (B, h, 2d, dv) and mean feature m (B, h, 2d)
     state = key_sum = None
     for start, stop in chunks:
-        features, feature_sum, paired = _kernels.key_features(k[..., start:stop, :], *rope_rows(start, stop),
+        features, feature_sum, paired = kernels.key_features(k[..., start:stop, :], *rope_rows(start, stop),
                                                               key_shifts)
         if not paired:
             raise rope_pair_error('rope (sin, cos)')
@@ -122,7 +143,7 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
     signed_temps = signed_temperatures(temp_same.to(torch.float32), temp_opp.to(torch.float32)).contiguous()
     gated = lepe is not None
     if gated:
-        gate = _rows(gate)
+        gate = float_rows(gate)
         # the products accumulate onto the LePE term in place, written in the token layout;
         # (B, h, N, dv) views of it are their outputs
         writable = lepe_writable and lepe.dtype == torch.float32 and lepe.is_contiguous()
@@ -132,7 +153,7 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
         out = torch.empty(batch, heads, num_tokens, 2 * half, dtype=torch.float32)
     for start, stop in chunks:
         # rows already divided by their denominators: the products are the outputs
-        features = _kernels.query_features(q[..., start:stop, :], signed_temps, key_mean,
+        features = kernels.query_features(q[..., start:stop, :], signed_temps, key_mean,
                                            *rope_rows(start, stop), float(eps), log_rows, log_mean_rows,
                                            SHIFT_FREE_PRODUCT_EXPONENT, MAX_QUERY_EXPONENT)
         if not gated:
@@ -145,5 +166,5 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
             target[..., :half].baddbmm_(features[b, :, :, 0], state_same[b])
             target[..., half:].baddbmm_(features[b, :, :, 1], state_opp[b])
         out[:, start:stop].mul_(gate[:, start:stop])  # the chunk's rows are still in cache
-    return out.to(out_dtype)
+    return out.to(out_dtype), state, key_mean, shifted
 

@@ -12,8 +12,18 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from .common import FUSED_DTYPES, MAX_TRITON_BATCH_HEADS, Rope, as_rope_halves, check_rope, is_tracing, rope_tensors
+from .common import (
+    FUSED_DTYPES,
+    MAX_TRITON_BATCH_HEADS,
+    Rope,
+    as_rope_halves,
+    check_rope,
+    is_tracing,
+    needs_exponent_shift,
+    rope_tensors,
+)
 from .cpu import cpu_kernels_available, pola_attention_cpu
+from .cpu_backward import pola_attention_cpu_trainable
 from .eager import pola_attention_torch
 
 __all__ = ['pola_attention', 'pola_attention_gated', 'gated_output', 'available_backends', 'BACKENDS']
@@ -53,15 +63,14 @@ def _on_triton_device(q: Tensor) -> bool:
     return q.is_cuda and q.shape[0] * q.shape[1] <= MAX_TRITON_BATCH_HEADS
 
 
-def _pick_backend(q: Tensor, k: Tensor, v: Tensor, records_grad: bool) -> str:
+def _pick_backend(q: Tensor, k: Tensor, v: Tensor) -> str:
     fused_dtypes = all(t.dtype in FUSED_DTYPES for t in (q, k, v))
     if (_on_triton_device(q) and fused_dtypes and v.shape[-1] == q.shape[-1] and _triton_usable()
             and not _triton_failed_before(q)):
         return 'triton'
     # the compiled kernels are opaque to torch.compile and torch.jit.trace (flop counters,
     # export): those see the eager backend
-    if (q.device.type == 'cpu' and fused_dtypes and not records_grad and not is_tracing()
-            and cpu_kernels_available()):
+    if q.device.type == 'cpu' and fused_dtypes and not is_tracing() and cpu_kernels_available():
         return 'cpu'
     return 'torch'
 
@@ -116,11 +125,13 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
             angle).
         eps: added to the denominator.
         backend: ``'torch'`` (eager, differentiable), ``'cpu'`` (fused CPU
-            kernels, forward only), ``'triton'`` (CUDA tensors) or ``'auto'``
-            (the fastest one usable for these tensors: triton on CUDA, cpu on
-            CPU when autograd does not record, torch otherwise; never fails:
-            where the Triton kernels fail to build or launch it warns once and
-            runs the torch backend).
+            kernels; under autograd with an analytic backward, or the torch
+            backend's autograd for inputs that need exponent shifts),
+            ``'triton'`` (CUDA tensors) or ``'auto'`` (the fastest one usable
+            for these tensors: triton on CUDA, cpu for fp32/fp16/bf16 CPU
+            tensors, torch otherwise and under torch.compile / tracing; never
+            fails: where the Triton kernels fail to build or launch it warns
+            once and runs the torch backend).
 
     Returns:
         Tensor: ``(B, h, N, dv)`` in ``q``'s dtype: ``[same-polarity stream
@@ -140,15 +151,12 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
         t.requires_grad for t in (q, k, v, temp_same, temp_opp, *rope_tensors(rope)))
     auto = backend == 'auto'
     if auto:
-        backend = _pick_backend(q, k, v, records_grad)
+        backend = _pick_backend(q, k, v)
     if backend == 'cpu':
         if q.device.type != 'cpu' or q.dtype not in FUSED_DTYPES or not cpu_kernels_available():
             raise ValueError("backend='cpu' needs CPU tensors in fp32/fp16/bf16 and the compiled "
                              "kernels (tools/setup_env.sh builds them); use backend='torch' or 'auto'")
-        if records_grad:
-            raise ValueError("backend='cpu' is forward only and autograd is recording: use "
-                             "backend='torch' or 'auto' to train, or torch.no_grad() / inference_mode()")
-        implementation = pola_attention_cpu
+        implementation = _cpu_trainable if records_grad else pola_attention_cpu
     elif backend == 'triton':
         if not _triton_usable():
             raise ValueError("backend='triton' is not available in this build: "
@@ -161,6 +169,15 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
     if auto and backend == 'triton':
         return _triton_or_torch(q, k, v, temp_same, temp_opp, rope, eps)
     return implementation(q, k, v, temp_same, temp_opp, rope, eps)
+
+
+def _cpu_trainable(q, k, v, temp_same, temp_opp, rope, eps) -> Tensor:
+    """The fused CPU backend under autograd: its analytic backward (:mod:`.cpu_backward`) for inputs
+    in the shift-free exponent range; the eager backend's autograd, which follows the exponent shifts,
+    for the others and for RoPE tables that record gradients."""
+    if any(t.requires_grad for t in rope_tensors(rope)) or needs_exponent_shift(q, k, temp_same, temp_opp):
+        return pola_attention_torch(q, k, v, temp_same, temp_opp, rope, eps)
+    return pola_attention_cpu_trainable(q, k, v, temp_same, temp_opp, rope, eps)
 
 
 def _triton_or_torch(q, k, v, temp_same, temp_opp, rope, eps) -> Tensor:
@@ -228,7 +245,7 @@ def pola_attention_gated(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
     _check_epilogue(q, v, lepe, gate)
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, temp_same, temp_opp, lepe, gate, *rope_tensors(rope)))
-    chosen = _pick_backend(q, k, v, records_grad) if backend == 'auto' else backend
+    chosen = _pick_backend(q, k, v) if backend == 'auto' else backend
     if chosen == 'cpu' and q.device.type == 'cpu' and not records_grad and cpu_kernels_available() \
             and all(t.dtype in FUSED_DTYPES for t in (q, k, v, lepe, gate)):
         rope = as_rope_halves(rope, q.shape[-1], q.device)

@@ -264,6 +264,93 @@ void shifted_query_row(const float* q, const float* signed_temps, const float* k
     }
 }
 
+// out = scale * R^T(g) for the d channels of one half: the rotation by the opposite angles
+// (the transpose of rotate_half).
+inline void unrotate_half(const float* g, const float* sin, const float* cos, int64_t d, float scale,
+                          float* out) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+        float c = cos[2 * i] * scale, s = sin[2 * i] * scale;
+        float g0 = g[2 * i], g1 = g[2 * i + 1];
+        out[2 * i] = g0 * c + g1 * s;
+        out[2 * i + 1] = g1 * c - g0 * s;
+    }
+}
+
+// scale * R^T(g) (2d channels; scale * g without rope)
+inline void unrotate_row(const float* g, const RopeRows* rope, int64_t d, float scale, float* out) {
+    if (rope == nullptr) {
+        for (int64_t j = 0; j < 2 * d; ++j) out[j] = g[j] * scale;
+        return;
+    }
+    unrotate_half(g, rope->sin_lo, rope->cos_lo, d, scale, out);
+    unrotate_half(g + d, rope->sin_hi, rope->cos_hi, d, scale, out + d);
+}
+
+// The backward of one query row (both streams; see ../cpu_backward.py). Inputs:
+// g and o, the row's output gradient and output (dv, stream s in [s dv/2, (s+1) dv/2));
+// grad_rot[s] = g_s S_s^T (2d, row stride rot_stride between the streams).
+// With phi, den = phi . m + eps rebuilt as in query_row:
+//   dden = -(g_s . o_s) / den,  dphi = R^T(grad_rot[s]) / den + dden m,
+//   dx = dphi (phi + 1) on the active exponents,
+// accumulating dq (d, written), dm += dden phi (2d) and dT[r] += dx_r q (4, d).
+POLA_MULTIVERSION
+void query_grad_row(const float* q, const float* signed_temps, const float* key_mean, const RopeRows* rope,
+                    int64_t d, int64_t dv, float eps, const float* g, const float* o, const float* grad_rot,
+                    int64_t rot_stride, float* feature, float* grad_phi, float* grad_q, float* grad_mean,
+                    float* grad_temps) {
+    for (int64_t j = 0; j < d; ++j) grad_q[j] = 0.0f;
+    const int64_t half = dv / 2;
+    for (int64_t s = 0; s < 2; ++s) {
+        const float* t1 = signed_temps + (2 * s) * d;
+        const float* t2 = signed_temps + (2 * s + 1) * d;
+        for (int64_t j = 0; j < d; ++j) {
+            float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
+            float a = y1 > y2 ? y1 : y2;
+            float e = expm1_nonneg(a < 0.0f ? 0.0f : a);
+            feature[j] = !(y1 <= 0.0f) ? e : 0.0f;
+            feature[d + j] = !(y2 <= 0.0f) ? e : 0.0f;
+        }
+        float dot = 0.0f;
+        for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
+        float go = 0.0f;
+        for (int64_t j = 0; j < half; ++j) go += g[s * half + j] * o[s * half + j];
+        const float inv_den = 1.0f / (dot + eps);
+        const float grad_den = -go * inv_den;
+        unrotate_row(grad_rot + s * rot_stride, rope, d, inv_den, grad_phi);
+        float* dt1 = grad_temps + (2 * s) * d;
+        float* dt2 = grad_temps + (2 * s + 1) * d;
+        // one store stream per loop, so that each vectorises
+        for (int64_t j = 0; j < 2 * d; ++j) grad_mean[j] += grad_den * feature[j];
+        for (int64_t j = 0; j < d; ++j) {  // dphi -> dx in place
+            float y1 = q[j] * t1[j];
+            grad_phi[j] = y1 > 0.0f ? (grad_phi[j] + grad_den * key_mean[j]) * (feature[j] + 1.0f) : 0.0f;
+        }
+        for (int64_t j = 0; j < d; ++j) {
+            float y2 = q[j] * t2[j];
+            grad_phi[d + j] =
+                y2 > 0.0f ? (grad_phi[d + j] + grad_den * key_mean[d + j]) * (feature[d + j] + 1.0f) : 0.0f;
+        }
+        for (int64_t j = 0; j < d; ++j) grad_q[j] += grad_phi[j] * t1[j] + grad_phi[d + j] * t2[j];
+        for (int64_t j = 0; j < d; ++j) dt1[j] += grad_phi[j] * q[j];
+        for (int64_t j = 0; j < d; ++j) dt2[j] += grad_phi[d + j] * q[j];
+    }
+}
+
+// The backward of one key row: dphi = R^T(grad_rot) + grad_mean (2d), then
+// dk = dphi[j] (phi + 1) where k > 0, -dphi[d + j] (phi + 1) where k < 0.
+POLA_MULTIVERSION
+void key_grad_row(const float* k, const RopeRows* rope, int64_t d, const float* grad_rot, const float* grad_mean,
+                  float* grad_phi, float* grad_k) {
+    unrotate_row(grad_rot, rope, d, 1.0f, grad_phi);
+    for (int64_t j = 0; j < d; ++j) {
+        float x = k[j];
+        float slope = expm1_nonneg(x < 0.0f ? -x : x) + 1.0f;
+        float up = (grad_phi[j] + grad_mean[j]) * slope;
+        float down = -(grad_phi[d + j] + grad_mean[d + j]) * slope;
+        grad_k[j] = x > 0.0f ? up : (x < 0.0f ? down : 0.0f);
+    }
+}
+
 void check_float_rows(const torch::Tensor& t, const char* name, int64_t dim) {
     TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
     TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32, got ", t.scalar_type());
@@ -438,6 +525,107 @@ torch::Tensor query_features(
     return out;
 }
 
+// The query half of the backward (../cpu_backward.py), for tokens of one chunk:
+// grad_out, out (B, h, n, dv); grad_rot (B, h, 2, n, 2d), contiguous, g_s S_s^T per stream.
+// Writes dq into grad_q (B, h, n, d), last dim contiguous, and returns per task of
+// kRowsPerTask rows the partial sums of dm (B*h, blocks, 2d) and of d(signed temps) (B*h, blocks, 4, d).
+std::tuple<torch::Tensor, torch::Tensor> query_grads(
+        const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
+        const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
+        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
+        int64_t grid_width, int64_t offset, double eps, const torch::Tensor& grad_out, const torch::Tensor& out,
+        const torch::Tensor& grad_rot, torch::Tensor& grad_q) {
+    check_float_rows(q, "q", 4);
+    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+    check_float_rows(signed_temps, "signed_temps", 3);
+    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
+                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
+    check_float_rows(key_mean, "key_mean", 3);
+    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
+                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    check_float_rows(grad_out, "grad_out", 4);
+    check_float_rows(out, "out", 4);
+    const int64_t dv = grad_out.size(3);
+    TORCH_CHECK(grad_out.sizes() == out.sizes() && grad_out.size(0) == B && grad_out.size(1) == H &&
+                grad_out.size(2) == n && dv % 2 == 0, "grad_out and out must be (B, h, n, dv), dv even");
+    TORCH_CHECK(grad_rot.is_contiguous() && grad_rot.scalar_type() == torch::kFloat32 && grad_rot.dim() == 5 &&
+                grad_rot.size(0) == B && grad_rot.size(1) == H && grad_rot.size(2) == 2 && grad_rot.size(3) == n &&
+                grad_rot.size(4) == 2 * d, "grad_rot must be contiguous float32 (B, h, 2, n, 2d)");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    check_float_rows(grad_q, "grad_q", 4);
+    TORCH_CHECK(grad_q.sizes() == q.sizes(), "grad_q must have the shape of q");
+    auto grad_mean = torch::zeros({B * H, blocks, 2 * d}, q.options());
+    auto grad_temps = torch::zeros({B * H, blocks, 4, d}, q.options());
+    const float* qp = q.data_ptr<float>();
+    const float* tp = signed_temps.data_ptr<float>();
+    const float* mp = key_mean.data_ptr<float>();
+    const float* gp = grad_out.data_ptr<float>();
+    const float* op = out.data_ptr<float>();
+    const float* rp = grad_rot.data_ptr<float>();
+    float* dqp = grad_q.data_ptr<float>();
+    const int64_t dq_s0 = grad_q.stride(0), dq_s1 = grad_q.stride(1), dq_s2 = grad_q.stride(2);
+    float* dmp = grad_mean.data_ptr<float>();
+    float* dtp = grad_temps.data_ptr<float>();
+    const float epsf = static_cast<float>(eps);
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d), grad_phi(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                query_grad_row(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
+                               mp + bh * 2 * d, rope.present ? &rows : nullptr, d, dv, epsf,
+                               gp + b * grad_out.stride(0) + h * grad_out.stride(1) + i * grad_out.stride(2),
+                               op + b * out.stride(0) + h * out.stride(1) + i * out.stride(2),
+                               rp + (bh * 2 * n + i) * 2 * d, n * 2 * d, feature.data(), grad_phi.data(),
+                               dqp + b * dq_s0 + h * dq_s1 + i * dq_s2, dmp + task * 2 * d, dtp + task * 4 * d);
+            }
+        }
+    });
+    return {grad_mean, grad_temps};
+}
+
+// The key half of the backward for tokens of one chunk: grad_rot (B, h, n, 2d),
+// contiguous, v dS^T / N; grad_mean (B, h, 2d), dm / N. Writes dk into grad_k (B, h, n, d),
+// last dim contiguous.
+void key_grads(
+        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
+        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width,
+        int64_t offset, const torch::Tensor& grad_rot, const torch::Tensor& grad_mean, torch::Tensor& grad_k) {
+    check_float_rows(k, "k", 4);
+    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
+    TORCH_CHECK(grad_rot.is_contiguous() && grad_rot.scalar_type() == torch::kFloat32 &&
+                grad_rot.sizes() == torch::IntArrayRef({B, H, n, 2 * d}),
+                "grad_rot must be contiguous float32 (B, h, n, 2d)");
+    check_float_rows(grad_mean, "grad_mean", 3);
+    TORCH_CHECK(grad_mean.is_contiguous() && grad_mean.size(0) == B && grad_mean.size(1) == H &&
+                grad_mean.size(2) == 2 * d, "grad_mean must be contiguous (B, h, 2d)");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    check_float_rows(grad_k, "grad_k", 4);
+    TORCH_CHECK(grad_k.sizes() == k.sizes(), "grad_k must have the shape of k");
+    const float* kp = k.data_ptr<float>();
+    const float* rp = grad_rot.data_ptr<float>();
+    const float* mp = grad_mean.data_ptr<float>();
+    float* dkp = grad_k.data_ptr<float>();
+    const int64_t dk_s0 = grad_k.stride(0), dk_s1 = grad_k.stride(1), dk_s2 = grad_k.stride(2);
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> grad_phi(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                key_grad_row(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2), rope.present ? &rows : nullptr,
+                             d, rp + (bh * n + i) * 2 * d, mp + bh * 2 * d, grad_phi.data(),
+                             dkp + b * dk_s0 + h * dk_s1 + i * dk_s2);
+            }
+        }
+    });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -450,4 +638,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"), py::arg("eps"),
           py::arg("log_rows") = py::none(), py::arg("log_mean_rows") = py::none(),
           py::arg("top_term_limit") = 0.0, py::arg("top_feature_limit") = 0.0);
+    m.def("query_grads", &query_grads, "the query half of the backward: dq into grad_q, partial sums of dm and d(signed temps)",
+          py::arg("q"), py::arg("signed_temps"), py::arg("key_mean"), py::arg("sin_lo"), py::arg("cos_lo"),
+          py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"), py::arg("eps"),
+          py::arg("grad_out"), py::arg("out"), py::arg("grad_rot"), py::arg("grad_q"));
+    m.def("key_grads", &key_grads, "the key half of the backward: dk, written into grad_k", py::arg("k"), py::arg("sin_lo"),
+          py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"),
+          py::arg("grad_rot"), py::arg("grad_mean"), py::arg("grad_k"));
 }
