@@ -29,6 +29,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..rope import RopeHalves
 from .common import chunk_tokens, signed_temperatures, token_chunks
@@ -41,7 +42,9 @@ class PolaAttentionCPU(torch.autograd.Function):
     """``pola_attention`` on the fused CPU kernels, differentiable in ``q, k, v`` and both temperatures.
 
     Forward arguments as :func:`~.cpu.pola_attention_cpu_with_state` (``rope``
-    a :class:`~polaformerpp.ops.rope.RopeHalves` or None); the RoPE tables get no gradient.
+    a :class:`~polaformerpp.ops.rope.RopeHalves` or None); the RoPE tables get no
+    gradient. Only for inputs in the shift-free exponent range (the caller
+    checks :func:`~.common.needs_exponent_shift`); first derivatives only.
     """
 
     @staticmethod
@@ -53,6 +56,7 @@ class PolaAttentionCPU(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the kernels record no graph: a second derivative raises a clear error
     def backward(ctx, grad_out):
         q, k, v, temp_same, temp_opp, out, state, key_mean = ctx.saved_tensors
         grads = pola_attention_cpu_backward(grad_out, q, k, v, temp_same, temp_opp, out, state, key_mean,
