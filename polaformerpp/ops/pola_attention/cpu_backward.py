@@ -49,8 +49,8 @@ class PolaAttentionCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, temp_same, temp_opp, rope, eps):
-        out, state, key_mean, shifted = pola_attention_cpu_with_state(q, k, v, temp_same, temp_opp, rope, eps,
-                                                                      shifted=False)
+        out, state, key_mean, _ = pola_attention_cpu_with_state(q, k, v, temp_same, temp_opp, rope, eps,
+                                                                shifted=False)
         ctx.rope, ctx.eps = rope, eps
         ctx.save_for_backward(q, k, v, temp_same, temp_opp, out, state, key_mean)
         return out

@@ -123,6 +123,33 @@ inline bool pairs_share_angles(const float* sin, const float* cos, int64_t d) {
     return paired;
 }
 
+// scale * R(f) for all 2d channels (scale * f without rope).
+inline void rotate_row(const float* f, const RopeRows* rope, int64_t d, float scale, float* out) {
+    if (rope == nullptr) {
+        for (int64_t j = 0; j < 2 * d; ++j) out[j] = f[j] * scale;
+        return;
+    }
+    rotate_half(f, rope->sin_lo, rope->cos_lo, d, scale, out);
+    rotate_half(f + d, rope->sin_hi, rope->cos_hi, d, scale, out + d);
+}
+
+// One stream's query features (2d) from the signed temperature rows t1, t2:
+// exp(relu(x t1)) - 1 | exp(relu(x t2)) - 1. With non-negative temperatures at
+// most one of x t1, x t2 is positive, so one exp serves both. Returns phi . m.
+inline float query_stream_features(const float* q, const float* t1, const float* t2, const float* key_mean,
+                                   int64_t d, float* feature) {
+    for (int64_t j = 0; j < d; ++j) {
+        float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
+        float a = y1 > y2 ? y1 : y2;
+        float e = expm1_nonneg(a < 0.0f ? 0.0f : a);
+        feature[j] = !(y1 <= 0.0f) ? e : 0.0f;  // NaN propagates, as in the eager code
+        feature[d + j] = !(y2 <= 0.0f) ? e : 0.0f;
+    }
+    float dot = 0.0f;
+    for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
+    return dot;
+}
+
 // The rest of a key row once its features (2d) are built: their sum into
 // feature_sum and R(phi) into out (phi itself without rope); false when a RoPE
 // pair holds two different angles.
@@ -155,9 +182,7 @@ bool key_row(const float* k, const RopeRows* rope, int64_t d, float* feature, fl
 }
 
 // One token of both query maps. Stream s (0 same, 1 opposite) has the signed
-// temperature rows t1 = signed[2s], t2 = signed[2s + 1]: its first half is
-// exp(relu(x t1)) - 1, its second half exp(relu(x t2)) - 1. With non-negative
-// temperatures at most one of x t1, x t2 is positive, so one exp serves both.
+// temperature rows t1 = signed[2s], t2 = signed[2s + 1] (query_stream_features).
 // Writes R(phi_s) / (phi_s . m + eps) (2d) to out[s * 2d ...]: the readout
 // divides each row by its denominator, so scaling the row before the product
 // with the state gives the stream's output directly.
@@ -165,25 +190,9 @@ POLA_MULTIVERSION
 void query_row(const float* q, const float* signed_temps, const float* key_mean, const RopeRows* rope,
                int64_t d, float eps, float* feature, float* out) {
     for (int64_t s = 0; s < 2; ++s) {
-        const float* t1 = signed_temps + (2 * s) * d;
-        const float* t2 = signed_temps + (2 * s + 1) * d;
-        for (int64_t j = 0; j < d; ++j) {
-            float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
-            float a = y1 > y2 ? y1 : y2;
-            float e = expm1_nonneg(a < 0.0f ? 0.0f : a);
-            feature[j] = !(y1 <= 0.0f) ? e : 0.0f;  // NaN propagates, as in the eager code
-            feature[d + j] = !(y2 <= 0.0f) ? e : 0.0f;
-        }
-        float dot = 0.0f;
-        for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
-        const float inv_den = 1.0f / (dot + eps);
-        float* o = out + s * 2 * d;
-        if (rope == nullptr) {
-            for (int64_t j = 0; j < 2 * d; ++j) o[j] = feature[j] * inv_den;
-            continue;
-        }
-        rotate_half(feature, rope->sin_lo, rope->cos_lo, d, inv_den, o);
-        rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, inv_den, o + d);
+        const float dot = query_stream_features(q, signed_temps + (2 * s) * d, signed_temps + (2 * s + 1) * d,
+                                                key_mean, d, feature);
+        rotate_row(feature, rope, d, 1.0f / (dot + eps), out + s * 2 * d);
     }
 }
 
@@ -253,14 +262,7 @@ void shifted_query_row(const float* q, const float* signed_temps, const float* k
         for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
         float eps_c = eps * exp_any(-c);
         eps_c = eps > 0.0f && eps_c < std::numeric_limits<float>::min() ? std::numeric_limits<float>::min() : eps_c;
-        const float inv_den = 1.0f / (dot + eps_c);
-        float* o = out + s * 2 * d;
-        if (rope == nullptr) {
-            for (int64_t j = 0; j < 2 * d; ++j) o[j] = feature[j] * inv_den;
-            continue;
-        }
-        rotate_half(feature, rope->sin_lo, rope->cos_lo, d, inv_den, o);
-        rotate_half(feature + d, rope->sin_hi, rope->cos_hi, d, inv_den, o + d);
+        rotate_row(feature, rope, d, 1.0f / (dot + eps_c), out + s * 2 * d);
     }
 }
 
@@ -303,15 +305,7 @@ void query_grad_row(const float* q, const float* signed_temps, const float* key_
     for (int64_t s = 0; s < 2; ++s) {
         const float* t1 = signed_temps + (2 * s) * d;
         const float* t2 = signed_temps + (2 * s + 1) * d;
-        for (int64_t j = 0; j < d; ++j) {
-            float y1 = q[j] * t1[j], y2 = q[j] * t2[j];
-            float a = y1 > y2 ? y1 : y2;
-            float e = expm1_nonneg(a < 0.0f ? 0.0f : a);
-            feature[j] = !(y1 <= 0.0f) ? e : 0.0f;
-            feature[d + j] = !(y2 <= 0.0f) ? e : 0.0f;
-        }
-        float dot = 0.0f;
-        for (int64_t j = 0; j < 2 * d; ++j) dot += feature[j] * key_mean[j];
+        const float dot = query_stream_features(q, t1, t2, key_mean, d, feature);
         float go = 0.0f;
         for (int64_t j = 0; j < half; ++j) go += g[s * half + j] * o[s * half + j];
         const float inv_den = 1.0f / (dot + eps);
