@@ -44,10 +44,13 @@ def test_matches_torch_backend(B, h, N, d, use_rope):
     assert_close_rel(out, pola_attention(q, k, v, ts, to, rope=rope, backend='torch'), 2e-6)
 
 
-def test_token_chunks_and_value_dim():
-    """Several token chunks (chunk sizes that do not divide N) and dv != d."""
+@pytest.mark.parametrize('key_scale', [1.0, 25.0])
+def test_token_chunks_and_value_dim(key_scale):
+    """dv != d; keys up to 25 need exponent shifts: their passes run over token chunks
+    (sizes that do not divide N); shift-free inputs take the block-fused passes."""
     from polaformerpp.ops.pola_attention.cpu import pola_attention_cpu
     q, k, v, ts, to = make_inputs(2, 2, 300, 16, dv=10, seed=4)
+    k = (k * key_scale).clamp(-25, 25)
     rope = pola_rope_tables(15, 20, 16)
     whole = pola_attention_cpu(q, k, v, ts, to, rope, chunk_size=4096)
     for chunk in (1, 37, 128):
@@ -103,6 +106,29 @@ def test_large_and_special_values():
     k_nan = k.clone()
     k_nan[0, 0, 0, 0] = float('nan')
     assert torch.isnan(pola_attention(q, k_nan, v, ts, to, backend='cpu')[0, 0]).all()
+
+
+@pytest.mark.parametrize('d', [8, 16])
+def test_nan_propagates_in_the_shift_free_range(d):
+    """Unshifted inputs with a NaN: the block-fused passes (d = 16) keep it where the method puts it."""
+    q, k, v, ts, to = make_inputs(1, 2, 40, d, seed=5)
+    q[0, 1, 7, 3] = float('nan')
+    out = pola_attention(q, k, v, ts, to, rope=RopeGrid(5, 8), backend='cpu')
+    assert torch.isnan(out[0, 1, 7]).all() and not torch.isnan(out[0, 1, :7]).any()
+    assert not torch.isnan(out[0, 0]).any()
+    q[0, 1, 7, 3] = 0.0
+    k[0, 0, 0, 0] = float('nan')
+    out = pola_attention(q, k, v, ts, to, rope=RopeGrid(5, 8), backend='cpu')
+    assert torch.isnan(out[0, 0]).all() and not torch.isnan(out[0, 1]).any()
+
+
+def test_rope_tables_with_two_angles_in_a_pair_are_refused():
+    q, k, v, ts, to = make_inputs(1, 1, 20, 16, seed=2)
+    sin, cos = pola_rope_tables(4, 5, 16)
+    cos = cos.clone()
+    cos[19, 20] += 0.1  # the last token, a channel of the second half
+    with pytest.raises(ValueError, match='must give both channels of a rotation pair'):
+        pola_attention(q, k, v, ts, to, rope=(sin, cos), backend='cpu')
 
 
 def test_auto_trains_through_the_fused_kernels():
@@ -218,14 +244,14 @@ def test_rope_tables_with_other_strides():
     assert_close_rel(out, pola_attention(q, k, v, ts, to, rope=(sin, cos), backend='cpu'), 1e-7)
 
 
-@pytest.mark.parametrize('B,h,N,use_rope,chunk', [(2, 1, 48, True, None), (1, 3, 35, False, None),
-                                                  (2, 2, 30, True, 7)])
-def test_gated_epilogue_matches_plain_form(B, h, N, use_rope, chunk):
-    """The fused readout (products onto the LePE term, token layout, gate per chunk) equals
-    ``(merge(attn) + lepe) * gate`` from the torch backend, on strided views of one projection."""
+@pytest.mark.parametrize('B,h,N,d,use_rope,chunk', [(2, 1, 48, 8, True, None), (1, 3, 35, 8, False, None),
+                                                    (2, 2, 30, 8, True, 7), (1, 2, 600, 32, True, None)])
+def test_gated_epilogue_matches_plain_form(B, h, N, d, use_rope, chunk):
+    """The fused readout (products onto the LePE term, token layout, gate per block) equals
+    ``(merge(attn) + lepe) * gate`` from the torch backend, on strided views of one projection
+    (d = 32: the 16-lane rows, N = 600: two token blocks)."""
     from polaformerpp.ops import gated_output
     from polaformerpp.ops.pola_attention.cpu import pola_attention_cpu
-    d = 8
     g = torch.Generator().manual_seed(3)
     proj = torch.randn(B, N, 4 * h * d, generator=g)  # [q | k | v | gate], as in_proj writes it
     q, k, v, gate = proj.chunk(4, dim=-1)

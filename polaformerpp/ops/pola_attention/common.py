@@ -31,7 +31,7 @@ range (every key exponent <= 20, query plus key exponent <= 40:
 under tracing the shifted path (the same values in that range, to rounding)
 always runs.
 """
-from typing import List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -278,7 +278,20 @@ def as_rope_halves(rope: Union[Rope, RopeHalves], head_dim: int,
     """
     if rope is None or isinstance(rope, RopeHalves):
         return rope
+    on_cpu = device is None or torch.device(device).type == 'cpu'
+    if isinstance(rope, RopeGrid) and on_cpu and not is_tracing():  # the same few grids every step
+        key = (*rope, head_dim)
+        if key not in _GRID_HALVES:
+            if len(_GRID_HALVES) >= 64:
+                _GRID_HALVES.clear()
+            with torch.inference_mode(False):  # normal tensors, which autograd may save later
+                _GRID_HALVES[key] = rope_halves(rope, head_dim)
+        return _GRID_HALVES[key]
     return rope_halves(rope, head_dim, device=device)
+
+
+# RopeGrid -> RopeHalves on the CPU (read-only tables, shared between calls)
+_GRID_HALVES: Dict[Tuple[int, int, int], RopeHalves] = {}
 
 
 def rope_tensors(rope: Union[Rope, RopeHalves]) -> Tuple[Tensor, ...]:

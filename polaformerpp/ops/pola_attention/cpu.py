@@ -1,21 +1,29 @@
-"""Fused CPU forward of :func:`~polaformerpp.ops.pola_attention` (``backend='cpu'``, inference).
+"""Fused CPU forward of :func:`~polaformerpp.ops.pola_attention` (``backend='cpu'``).
 
 The C++ kernels in ``csrc/pola_features_cpu.cpp`` build each token's feature
 maps in registers (one exp per element and stream, RoPE as a pair rotation,
-the denominator ``phi . m`` on the fly) and write only the rows the two matrix
-products read; the products are ``torch.matmul`` (MKL/oneDNN). Same two passes
-over token chunks as the eager backend (:mod:`.eager`), which the tests hold
-this path to.
+the denominator ``phi . m`` on the fly).
 
-With ``lepe`` and ``gate`` (:func:`~polaformerpp.ops.pola_attention_gated`)
-the readout products accumulate onto the LePE term (``addmm`` with ``beta = 1``)
-and write the token layout ``(B, N, h * dv)`` directly, and the gate product
-follows chunk by chunk while the rows are still in cache: the attention output
-never exists in the head layout.
+Inputs in the shift-free exponent range (the case of trained networks; one
+compiled pass over ``q`` and ``k`` decides) take two block-fused passes:
+``key_state`` builds the key rows of a block of tokens in a per-thread buffer
+and multiplies them into the state while they are in cache, ``readout`` does
+the same for the query rows and writes the products, divided by their
+denominators, into the output (``(B, h, N, dv)``, or with ``lepe`` and
+``gate`` (:func:`~polaformerpp.ops.pola_attention_gated`) ``(merged heads +
+lepe) * gate`` straight into the token layout). No feature row reaches memory,
+and the extra memory is a few blocks per thread whatever N is. The 16-lane
+rows (head dims that are multiples of 16) are vector code that each target
+clone (AVX-512, AVX2, baseline) lowers to its own registers.
+
+Inputs that need exponent shifts run the same two passes over token chunks
+as the eager backend (:mod:`.eager`): the kernels write the feature rows and
+the products are ``torch.matmul``. The tests hold both to the eager backend.
 
 Forward only: under autograd the dispatcher wraps it in
 :class:`~.cpu_backward.PolaAttentionCPU` (analytic backward).
 """
+import math
 from typing import Optional, Tuple, Union
 
 import torch
@@ -24,6 +32,7 @@ from torch import Tensor
 from ..rope import RopeHalves
 from .common import (
     MAX_QUERY_EXPONENT,
+    SHIFT_FREE_KEY_EXPONENT,
     SHIFT_FREE_PRODUCT_EXPONENT,
     Rope,
     as_rope_halves,
@@ -43,7 +52,7 @@ try:  # the private compiled extension, loaded only here
 except ImportError:  # built by tools/setup_env.sh (setup.py build_ext --inplace); needs a C++ compiler
     kernels = None
 
-__all__ = ['pola_attention_cpu', 'pola_attention_cpu_with_state', 'cpu_kernels_available']
+__all__ = ['pola_attention_cpu', 'pola_attention_cpu_with_state', 'cpu_kernels_available', 'exponent_shift_needed']
 
 
 def cpu_kernels_available() -> bool:
@@ -86,6 +95,46 @@ def pola_attention_cpu(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_
                                          lepe_writable)[0]
 
 
+def exponent_shift_needed(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor) -> bool:
+    """:func:`~.common.needs_exponent_shift`, for fp32 ``q, k`` with contiguous rows by one
+    compiled pass over each (the torch form decides for other inputs and where an element
+    is not finite)."""
+    compiled = kernels is not None and all(
+        t.dtype == torch.float32 and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k))
+    if not compiled:
+        return needs_exponent_shift(q, k, temp_same, temp_opp)
+    key_top, query_top = kernels.abs_max(k.detach()), kernels.abs_max(q.detach())
+    if math.isnan(key_top) or math.isnan(query_top):
+        return needs_exponent_shift(q, k, temp_same, temp_opp)
+    top_temperature = max(temp_same.detach().amax().item(), temp_opp.detach().amax().item())
+    return key_top > SHIFT_FREE_KEY_EXPONENT or key_top + query_top * top_temperature > SHIFT_FREE_PRODUCT_EXPONENT
+
+
+def _fused_forward(q, k, v, temp_same, temp_opp, rope_rows, eps, lepe, gate, lepe_writable, out_dtype):
+    """Both passes of the shift-free forward through the block-fused kernels (fp32 rows in).
+
+    ``key_state`` builds the key features block by block in cache and multiplies them
+    into the state there; ``readout`` does the same for the query features and writes
+    the products, divided by their denominators (plus LePE, times the gate), into the output.
+    """
+    batch, heads, num_tokens, _ = q.shape
+    tables = rope_rows(0, num_tokens)[:5]  # sin/cos lo/hi and the grid width; token 0 onwards
+    state, key_mean, paired = kernels.key_state(k, v, *tables)
+    if not paired:
+        raise rope_pair_error('rope (sin, cos)')
+    signed_temps = signed_temperatures(temp_same.to(torch.float32), temp_opp.to(torch.float32)).contiguous()
+    if lepe is None:
+        out = torch.empty(batch, heads, num_tokens, v.shape[-1], dtype=torch.float32)
+        kernels.readout(q, signed_temps, key_mean, state, *tables, float(eps), out, False)
+        return out.to(out_dtype), state, key_mean, False
+    # the products accumulate onto the LePE term, in the token layout; (B, h, N, dv) views of it
+    writable = lepe_writable and lepe.dtype == torch.float32 and lepe.is_contiguous()
+    out = lepe if writable else lepe.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    out_heads = out.unflatten(-1, (heads, -1)).transpose(1, 2)
+    kernels.readout(q, signed_temps, key_mean, state, *tables, float(eps), out_heads, True, float_rows(gate))
+    return out.to(out_dtype), state, key_mean, False
+
+
 def pola_attention_cpu_with_state(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
                                   rope: Union[Rope, RopeHalves] = None, eps: float = 1e-6,
                                   chunk_size: Optional[int] = None, lepe: Optional[Tensor] = None,
@@ -94,7 +143,9 @@ def pola_attention_cpu_with_state(q: Tensor, k: Tensor, v: Tensor, temp_same: Te
     """:func:`pola_attention_cpu` that also returns what its backward reads (:mod:`.cpu_backward`).
 
     ``shifted``: the result of :func:`~.common.needs_exponent_shift` for these
-    inputs where the caller has it (computed here otherwise).
+    inputs where the caller has it (computed here otherwise). ``chunk_size``:
+    tokens per step of the chunked passes that shifted inputs take (the fused
+    passes work in fixed blocks).
 
     Returns:
         tuple: the output; the state ``S`` ``(B, h, 2d, dv)`` and key mean ``m``
@@ -106,17 +157,19 @@ def pola_attention_cpu_with_state(q: Tensor, k: Tensor, v: Tensor, temp_same: Te
                            '(tools/setup_env.sh does) with a C++ compiler, or use backend="torch"')
     out_dtype = q.dtype
     q, k, v = float_rows(q), float_rows(k), float_rows(v)
+    check_temperatures(temp_same, temp_opp)
+    rope = as_rope_halves(rope, q.shape[-1])
+    rope_rows = rope_rows_for_kernels(rope)
+    # exponent shifts (see .common) only where some exponent may leave the shift-free range
+    if shifted is None:
+        shifted = exponent_shift_needed(q, k, temp_same, temp_opp)
+    if not shifted:
+        return _fused_forward(q, k, v, temp_same, temp_opp, rope_rows, eps, lepe, gate, lepe_writable, out_dtype)
     batch, heads, num_tokens, head_dim = q.shape
     half = v.shape[-1] // 2
     chunk_size = chunk_size or chunk_tokens(q)
-    check_temperatures(temp_same, temp_opp)
-    rope = as_rope_halves(rope, head_dim)
-    rope_rows = rope_rows_for_kernels(rope)
     chunks = token_chunks(num_tokens, chunk_size)
-    # exponent shifts (see .common) only where some exponent may leave the shift-free range
     pairs = rope is not None
-    if shifted is None:
-        shifted = needs_exponent_shift(q, k, temp_same, temp_opp)
     key_shifts = key_exponent_shifts(k, pairs).contiguous() if shifted else None
 
     # pass 1: keys -> state S (B, h, 2d, dv) and mean feature m (B, h, 2d)

@@ -19,10 +19,9 @@ from .common import (
     as_rope_halves,
     check_rope,
     is_tracing,
-    needs_exponent_shift,
     rope_tensors,
 )
-from .cpu import cpu_kernels_available, pola_attention_cpu
+from .cpu import cpu_kernels_available, exponent_shift_needed, pola_attention_cpu
 from .cpu_backward import pola_attention_cpu_trainable
 from .eager import pola_attention_torch
 
@@ -175,7 +174,7 @@ def _cpu_trainable(q, k, v, temp_same, temp_opp, rope, eps) -> Tensor:
     """The fused CPU backend under autograd: its analytic backward (:mod:`.cpu_backward`) for inputs
     in the shift-free exponent range; the eager backend's autograd, which follows the exponent shifts,
     for the others and for RoPE tables that record gradients."""
-    if any(t.requires_grad for t in rope_tensors(rope)) or needs_exponent_shift(q, k, temp_same, temp_opp):
+    if any(t.requires_grad for t in rope_tensors(rope)) or exponent_shift_needed(q, k, temp_same, temp_opp):
         return pola_attention_torch(q, k, v, temp_same, temp_opp, rope, eps)
     return pola_attention_cpu_trainable(q, k, v, temp_same, temp_opp, rope, eps)
 

@@ -4,7 +4,9 @@
 // polarity-aware, channel-wise spiky feature maps in registers (one exp per
 // element and stream: only one of x+ and x- is non-zero), rotate channel pairs
 // by the RoPE angles and write the rows the attention's matrix products read.
-// The products themselves (state S and the readout) stay with torch.matmul.
+// The products run on the BLAS torch links (sgemm): either torch.matmul over rows
+// written to memory (the row kernels), or, in the fused passes of the shift-free
+// forward (key_state, readout), per block of tokens while the rows are in cache.
 // ../cpu.py drives them; the eager reference is ../eager.py
 // (pola_attention_torch); the method is written out in ../__init__.py.
 //
@@ -620,6 +622,424 @@ void key_grads(
     });
 }
 
+// ---- 16-lane forms of the feature rows, for head dims that are multiples of 16 ----
+// GCC vector extensions: each target clone lowers a 16-float vector to its widest
+// registers (one zmm with AVX-512, two ymm with AVX2, four xmm on the baseline).
+typedef float vfloat __attribute__((vector_size(64)));
+typedef int32_t vint __attribute__((vector_size(64)));
+constexpr int64_t kLanes = 16;
+#define POLA_INLINE inline __attribute__((always_inline))
+
+POLA_INLINE vfloat vload(const float* p) {
+    vfloat x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+}
+POLA_INLINE void vstore(float* p, vfloat x) { std::memcpy(p, &x, sizeof x); }
+POLA_INLINE vfloat vsplat(float a) { return vfloat{} + a; }
+// the sum of the 16 lanes, as a tree (a chain of 16 scalar adds would cost 16 latencies)
+POLA_INLINE float vsum(vfloat x) {
+    x += __builtin_shuffle(x, vint{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    x += __builtin_shuffle(x, vint{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    x += __builtin_shuffle(x, vint{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    x += __builtin_shuffle(x, vint{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    return x[0];
+}
+// channels (2i, 2i+1) -> (2i+1, 2i): the partner of each RoPE pair
+POLA_INLINE vfloat swap_pairs(vfloat x) {
+    return __builtin_shuffle(x, vint{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+}
+
+// expm1_nonneg on 16 lanes for finite a in [0, 88]: the same reduction and
+// polynomial, the integer part rounded to nearest by adding 1.5 * 2^23 (whose low
+// mantissa bits then hold it). The fused passes that use it take inputs in the
+// shift-free range only (no NaN, no exponent near overflow), so it needs none of
+// expm1_nonneg's guards.
+POLA_INLINE vfloat vexpm1_bounded(vfloat a) {
+    const vfloat magic = vsplat(12582912.0f);
+    vfloat t = a * 1.4426950408889634f + magic;
+    vfloat kf = t - magic;
+    vfloat r = a - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    vfloat p = vsplat(1.0f / 5040.0f);
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    vfloat pm1 = p * r;
+    vfloat scale = (vfloat)((((vint)t - (vint)magic) + 127) << 23);
+    return scale * pm1 + (scale - 1.0f);
+}
+
+// R(f) for 16 channels of one half from prepared rows (PreparedRope): f cos +
+// swap_pairs(f) ssin
+POLA_INLINE vfloat vrotate(vfloat f, const float* cos, const float* ssin) {
+    return f * vload(cos) + swap_pairs(f) * vload(ssin);
+}
+
+// key_row on 16 lanes (d a multiple of 16): the features' sum into feature_sum (2d)
+// and R(phi) into out (2d). `rope` holds PreparedRope rows (cosines and signed sines);
+// the RoPE pairs are checked once per call (tables_paired).
+POLA_MULTIVERSION
+void key_row_vec(const float* k, const RopeRows* rope, int64_t d, float* feature_sum, float* out) {
+    const vfloat zero = vfloat{};
+    for (int64_t c = 0; c < d; c += kLanes) {
+        vfloat x = vload(k + c);
+        vfloat e = vexpm1_bounded(x < zero ? -x : x);
+        vfloat up = x <= zero ? zero : e, down = x >= zero ? zero : e;
+        vstore(feature_sum + c, vload(feature_sum + c) + up);
+        vstore(feature_sum + d + c, vload(feature_sum + d + c) + down);
+        if (rope) {
+            up = vrotate(up, rope->cos_lo + c, rope->sin_lo + c);
+            down = vrotate(down, rope->cos_hi + c, rope->sin_hi + c);
+        }
+        vstore(out + c, up);
+        vstore(out + d + c, down);
+    }
+}
+
+// Whether both channels of every pair (2i, 2i + 1) hold the same bits in `rows` rows of d
+// (an xor-or reduction, which vectorises).
+POLA_MULTIVERSION
+bool rows_paired(const float* table, int64_t stride, int64_t rows, int64_t d) {
+    uint32_t diff = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = table + r * stride;
+        for (int64_t i = 0; i < d / 2; ++i) {
+            uint32_t a, b;
+            std::memcpy(&a, row + 2 * i, sizeof a);
+            std::memcpy(&b, row + 2 * i + 1, sizeof b);
+            diff |= a ^ b;
+        }
+    }
+    return diff == 0;
+}
+
+// Whether every RoPE pair of the rows these tokens read shares its angle.
+bool tables_paired(const RopeTables& t, int64_t n, int64_t d) {
+    if (!t.present) return true;
+    const int64_t lo_rows = t.grid_width ? (t.offset + n - 1) / t.grid_width + 1 : n;
+    const int64_t hi_rows = t.grid_width ? std::min(t.offset + n, t.grid_width) : n;
+    return rows_paired(t.sin_lo, t.stride_lo, lo_rows, d) && rows_paired(t.cos_lo, t.stride_lo, lo_rows, d) &&
+           rows_paired(t.sin_hi, t.stride_hi, hi_rows, d) && rows_paired(t.cos_hi, t.stride_hi, hi_rows, d);
+}
+
+// RoPE rows as the 16-lane rows read them: per table row the cosine of each channel's
+// pair and the signed sine (-sin on a pair's first channel, +sin on its second), so that
+// R(f) = f cos + swap_pairs(f) ssin. The angles are those of each pair's first channel
+// (as rotate_half). Built once per call: O((H + W) d) for a grid, O(n d) for tables.
+struct PreparedRope {
+    bool present = false;
+    int64_t d = 0, grid_width = 0, offset = 0;
+    torch::Tensor lo, hi;  // (2, rows, d): cos, ssin
+
+    static torch::Tensor prepare(const float* sin, const float* cos, int64_t stride, int64_t rows, int64_t d) {
+        auto out = torch::empty({2, rows, d}, torch::kFloat32);
+        float* cp = out.data_ptr<float>();
+        float* sp = cp + rows * d;
+        at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r) {
+                for (int64_t i = 0; i < d / 2; ++i) {
+                    const float c = cos[r * stride + 2 * i], sn = sin[r * stride + 2 * i];
+                    cp[r * d + 2 * i] = c;
+                    cp[r * d + 2 * i + 1] = c;
+                    sp[r * d + 2 * i] = -sn;
+                    sp[r * d + 2 * i + 1] = sn;
+                }
+            }
+        });
+        return out;
+    }
+
+    PreparedRope(const RopeTables& t, int64_t n, int64_t d_)
+            : present(t.present), d(d_), grid_width(t.grid_width), offset(t.offset) {
+        if (!present) return;
+        const int64_t lo_rows = grid_width ? (offset + n - 1) / grid_width + 1 : n;
+        const int64_t hi_rows = grid_width ? std::min(offset + n, grid_width) : n;
+        lo = prepare(t.sin_lo, t.cos_lo, t.stride_lo, lo_rows, d);
+        hi = prepare(t.sin_hi, t.cos_hi, t.stride_hi, hi_rows, d);
+    }
+
+    // token i's rows; the sin fields hold the signed sines
+    RopeRows rows(int64_t i) const {
+        const int64_t r_lo = grid_width ? (offset + i) / grid_width : i;
+        const int64_t r_hi = grid_width ? (offset + i) % grid_width : i;
+        const float* l = lo.data_ptr<float>();
+        const float* h = hi.data_ptr<float>();
+        const int64_t lo_plane = lo.size(1) * d, hi_plane = hi.size(1) * d;
+        return {l + lo_plane + r_lo * d, l + r_lo * d, h + hi_plane + r_hi * d, h + r_hi * d};
+    }
+};
+
+// query_row on 16 lanes without the division: both streams' R(phi) into out (2 x 2d)
+// and their denominators phi . m + eps into den (2). Rope rows as key_row_vec.
+POLA_MULTIVERSION
+void query_row_vec(const float* q, const float* signed_temps, const float* key_mean, const RopeRows* rope,
+                   int64_t d, float eps, float* out, float* den) {
+    const vfloat zero = vfloat{};
+    for (int64_t s = 0; s < 2; ++s) {
+        const float* t1 = signed_temps + (2 * s) * d;
+        const float* t2 = signed_temps + (2 * s + 1) * d;
+        float* row = out + s * 2 * d;
+        vfloat dot = zero;
+        for (int64_t c = 0; c < d; c += kLanes) {
+            vfloat x = vload(q + c);
+            vfloat y1 = x * vload(t1 + c), y2 = x * vload(t2 + c);
+            vfloat a = y1 > y2 ? y1 : y2;
+            vfloat e = vexpm1_bounded(a < zero ? zero : a);
+            vfloat f1 = y1 <= zero ? zero : e, f2 = y2 <= zero ? zero : e;
+            dot += f1 * vload(key_mean + c) + f2 * vload(key_mean + d + c);
+            if (rope) {
+                f1 = vrotate(f1, rope->cos_lo + c, rope->sin_lo + c);
+                f2 = vrotate(f2, rope->cos_hi + c, rope->sin_hi + c);
+            }
+            vstore(row + c, f1);
+            vstore(row + d + c, f2);
+        }
+        den[s] = vsum(dot) + eps;
+    }
+}
+
+// The readout rows' epilogue, dv/2 channels of one stream: out = c / den (+ out) (* gate).
+POLA_MULTIVERSION
+void finish_output_row(const float* c, float den, int64_t half, bool accumulate, const float* gate, float* out) {
+    const float inv = 1.0f / den;
+    if (accumulate && gate) {
+        for (int64_t j = 0; j < half; ++j) out[j] = (c[j] * inv + out[j]) * gate[j];
+    } else if (accumulate) {
+        for (int64_t j = 0; j < half; ++j) out[j] += c[j] * inv;
+    } else if (gate) {
+        for (int64_t j = 0; j < half; ++j) out[j] = c[j] * inv * gate[j];
+    } else {
+        for (int64_t j = 0; j < half; ++j) out[j] = c[j] * inv;
+    }
+}
+
+// Fortran BLAS sgemm, as exported by the BLAS torch is built with (MKL on x86-64).
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+
+// Row-major C (m x n, row stride ldc) = op(A) op(B) + beta C, op(X) = X^T where trans_x;
+// A and B are stored row-major with row strides lda, ldb. (Column-major BLAS sees the
+// transposes, so it computes C^T = op(B)^T op(A)^T.)
+void matmul_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+    const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+    const int lda_i = static_cast<int>(lda), ldb_i = static_cast<int>(ldb), ldc_i = static_cast<int>(ldc);
+    const float one = 1.0f;
+    sgemm_(&tb, &ta, &ni, &mi, &ki, &one, b, &ldb_i, a, &lda_i, &beta, c, &ldc_i);
+}
+
+void check_blas_stride(int64_t stride, const char* name) {
+    TORCH_CHECK(stride > 0 && stride <= std::numeric_limits<int>::max(), name,
+                " has a row stride the BLAS cannot take: ", stride);
+}
+
+// tokens whose features are built, then multiplied, while in cache (512 and 1024 measured
+// alike on AVX-512 with 2 MiB L2; the smaller block leaves room on smaller caches)
+constexpr int64_t kKeyBlockRows = 512;
+constexpr int64_t kQueryBlockRows = 512;
+
+// max |x| over `rows` rows of d (row stride `stride`); NaN when an element is NaN or
+// infinite (x * 0 is then NaN).
+POLA_MULTIVERSION
+float rows_abs_max(const float* t, int64_t stride, int64_t rows, int64_t d) {
+    const vfloat zero = vfloat{};
+    vfloat top = zero, poison = zero;
+    float top_s = 0.0f, poison_s = 0.0f;
+    const int64_t body = d - d % kLanes;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = t + r * stride;
+        for (int64_t c = 0; c < body; c += kLanes) {
+            vfloat x = vload(row + c);
+            vfloat a = x < zero ? -x : x;
+            top = a > top ? a : top;
+            poison += x * 0.0f;
+        }
+        for (int64_t j = body; j < d; ++j) {
+            float a = std::fabs(row[j]);
+            top_s = a > top_s ? a : top_s;
+            poison_s += row[j] * 0.0f;
+        }
+    }
+    for (int l = 0; l < kLanes; ++l) top_s = top[l] > top_s ? top[l] : top_s;
+    return std::isnan(vsum(poison) + poison_s) ? std::numeric_limits<float>::quiet_NaN() : top_s;
+}
+
+// max |t| of a (B, h, n, d) tensor with a contiguous last dim; NaN when any element
+// is NaN or infinite.
+double abs_max(const torch::Tensor& t) {
+    check_float_rows(t, "t", 4);
+    const int64_t B = t.size(0), H = t.size(1), n = t.size(2), d = t.size(3);
+    const float* p = t.data_ptr<float>();
+    const int64_t blocks = (n + kKeyBlockRows - 1) / kKeyBlockRows;
+    std::vector<float> top(B * H * blocks, 0.0f);
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks, b = bh / H, h = bh % H;
+            const int64_t start = block * kKeyBlockRows, stop = std::min(n, start + kKeyBlockRows);
+            top[task] = rows_abs_max(p + b * t.stride(0) + h * t.stride(1) + start * t.stride(2), t.stride(2),
+                                     stop - start, d);
+        }
+    });
+    float m = 0.0f;
+    for (float x : top) {
+        if (std::isnan(x)) return std::numeric_limits<double>::quiet_NaN();
+        m = x > m ? x : m;
+    }
+    return m;
+}
+
+// The key pass of the fused forward (unshifted exponents): per block of kKeyBlockRows
+// tokens the rotated key features are built in a per-thread buffer and multiplied
+// there into the state. Returns S = R(phi_k)^T v / n (B, h, 2d, dv), the key mean
+// m = sum phi_k / n (B, h, 2d) and whether every RoPE pair shares its angle.
+std::tuple<torch::Tensor, torch::Tensor, bool> key_state(
+        const torch::Tensor& k, const torch::Tensor& v, const c10::optional<torch::Tensor>& sin_lo,
+        const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
+        const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width) {
+    check_float_rows(k, "k", 4);
+    check_float_rows(v, "v", 4);
+    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3), dv = v.size(3);
+    TORCH_CHECK(v.size(0) == B && v.size(1) == H && v.size(2) == n, "v must be (B, h, n, dv) like k");
+    TORCH_CHECK(n > 0, "k must have at least one token");
+    check_blas_stride(v.stride(2), "v");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
+    const int64_t BH = B * H, blocks = (n + kKeyBlockRows - 1) / kKeyBlockRows;
+    // token ranges per (b, h): enough tasks for every thread, whole blocks each
+    const int64_t splits = std::min(blocks, std::max<int64_t>(1, (2 * at::get_num_threads() + BH - 1) / BH));
+    auto partial_state = torch::empty({BH, splits, dv, 2 * d}, k.options());  // transposed
+    auto partial_sum = torch::zeros({BH, splits, 2 * d}, k.options());
+    std::vector<char> paired(BH * splits, 1);
+    const bool vec = d % kLanes == 0;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
+    const float* kp = k.data_ptr<float>();
+    const float* vp = v.data_ptr<float>();
+    float* sp = partial_state.data_ptr<float>();
+    float* mp = partial_sum.data_ptr<float>();
+    at::parallel_for(0, BH * splits, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d), rows_buf(kKeyBlockRows * 2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / splits, split = task % splits, b = bh / H, h = bh % H;
+            const int64_t first = split * blocks / splits, last = (split + 1) * blocks / splits;
+            bool ok = true;
+            for (int64_t block = first; block < last; ++block) {
+                const int64_t start = block * kKeyBlockRows, stop = std::min(n, start + kKeyBlockRows);
+                for (int64_t i = start; i < stop; ++i) {
+                    const float* row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
+                    float* target = rows_buf.data() + (i - start) * 2 * d;
+                    if (vec) {
+                        const RopeRows rows = prepared.present ? prepared.rows(i) : RopeRows{};
+                        key_row_vec(row, prepared.present ? &rows : nullptr, d, mp + task * 2 * d, target);
+                    } else {
+                        const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                        ok &= key_row(row, rope.present ? &rows : nullptr, d, feature.data(), mp + task * 2 * d,
+                                      target);
+                    }
+                }
+                // S_task^T (dv, 2d) (+)= V^T F over the block's rows (BLAS runs this
+                // orientation faster than F^T V)
+                matmul_rows(true, false, dv, 2 * d, stop - start,
+                            vp + b * v.stride(0) + h * v.stride(1) + start * v.stride(2), v.stride(2),
+                            rows_buf.data(), 2 * d, block == first ? 0.0f : 1.0f, sp + task * 2 * d * dv, 2 * d);
+            }
+            paired[task] = ok;
+        }
+    });
+    bool all_paired = !vec || tables_paired(rope, n, d);
+    for (char p : paired) all_paired &= static_cast<bool>(p);
+    const double inv_n = 1.0 / static_cast<double>(n);
+    auto state = (splits == 1 ? partial_state.squeeze(1) : partial_state.sum(1)).mul_(inv_n)
+                     .transpose(-1, -2).contiguous();
+    auto key_mean = (splits == 1 ? partial_sum.squeeze(1) : partial_sum.sum(1)).mul_(inv_n);
+    return {state.view({B, H, 2 * d, dv}), key_mean.view({B, H, 2 * d}).contiguous(), all_paired};
+}
+
+// The query pass of the fused forward (unshifted exponents): per block of kQueryBlockRows
+// tokens both streams' rotated features over their denominators are built in a
+// per-thread buffer, multiplied by their halves of the state straight into out
+// (B, h, n, dv), any strides with a contiguous last dim: the readout rows are the
+// outputs. With accumulate the products add onto what out holds; with gate
+// ((B, n, h * dv), last dim contiguous) the rows are then multiplied by it.
+void readout(const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
+             const torch::Tensor& state, const c10::optional<torch::Tensor>& sin_lo,
+             const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
+             const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, double eps, torch::Tensor& out,
+             bool accumulate, const c10::optional<torch::Tensor>& gate) {
+    check_float_rows(q, "q", 4);
+    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+    check_float_rows(signed_temps, "signed_temps", 3);
+    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
+                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
+    check_float_rows(key_mean, "key_mean", 3);
+    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
+                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    check_float_rows(out, "out", 4);
+    const int64_t dv = out.size(3), half = dv / 2;
+    TORCH_CHECK(out.size(0) == B && out.size(1) == H && out.size(2) == n && dv % 2 == 0,
+                "out must be (B, h, n, dv), dv even");
+    TORCH_CHECK(state.is_contiguous() && state.scalar_type() == torch::kFloat32 &&
+                state.sizes() == torch::IntArrayRef({B, H, 2 * d, dv}), "state must be contiguous float32 (B, h, 2d, dv)");
+    check_blas_stride(out.stride(2), "out");
+    const float* gp = nullptr;
+    int64_t g_s0 = 0, g_s1 = 0;
+    if (gate.has_value()) {
+        check_float_rows(*gate, "gate", 3);
+        TORCH_CHECK(gate->size(0) == B && gate->size(1) == n && gate->size(2) == H * dv, "gate must be (B, n, h * dv)");
+        gp = gate->data_ptr<float>();
+        g_s0 = gate->stride(0);
+        g_s1 = gate->stride(1);
+    }
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
+    const float* qp = q.data_ptr<float>();
+    const float* tp = signed_temps.data_ptr<float>();
+    const float* mp = key_mean.data_ptr<float>();
+    const float* sp = state.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t o_s0 = out.stride(0), o_s1 = out.stride(1), o_s2 = out.stride(2);
+    const float epsf = static_cast<float>(eps);
+    const int64_t blocks = (n + kQueryBlockRows - 1) / kQueryBlockRows;
+    const bool vec = d % kLanes == 0;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d), rows_buf(kQueryBlockRows * 4 * d), products(kQueryBlockRows * dv),
+            den(2 * kQueryBlockRows);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks, b = bh / H, h = bh % H;
+            const int64_t start = block * kQueryBlockRows, stop = std::min(n, start + kQueryBlockRows);
+            for (int64_t i = start; i < stop; ++i) {
+                const float* row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
+                float* target = rows_buf.data() + (i - start) * 4 * d;
+                if (vec) {
+                    const RopeRows rows = prepared.present ? prepared.rows(i) : RopeRows{};
+                    query_row_vec(row, tp + h * 4 * d, mp + bh * 2 * d, prepared.present ? &rows : nullptr, d,
+                                  epsf, target, den.data() + 2 * (i - start));
+                } else {  // rows already divided by their denominators
+                    const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                    query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &rows : nullptr, d, epsf,
+                              feature.data(), target);
+                    den[2 * (i - start)] = den[2 * (i - start) + 1] = 1.0f;
+                }
+            }
+            const float* s = sp + bh * 2 * d * dv;
+            for (int64_t stream = 0; stream < 2; ++stream)  // (rows, dv/2) = phi_s rows @ S_s
+                matmul_rows(false, false, stop - start, half, 2 * d, rows_buf.data() + stream * 2 * d, 4 * d,
+                            s + stream * half, dv, 0.0f, products.data() + stream * half, dv);
+            for (int64_t i = start; i < stop; ++i) {
+                float* target = op + b * o_s0 + h * o_s1 + i * o_s2;
+                const float* g = gp ? gp + b * g_s0 + i * g_s1 + h * dv : nullptr;
+                for (int64_t stream = 0; stream < 2; ++stream)
+                    finish_output_row(products.data() + (i - start) * dv + stream * half, den[2 * (i - start) + stream],
+                                      half, accumulate, g ? g + stream * half : nullptr, target + stream * half);
+            }
+        }
+    });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -639,4 +1059,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("key_grads", &key_grads, "the key half of the backward: dk, written into grad_k", py::arg("k"), py::arg("sin_lo"),
           py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"),
           py::arg("grad_rot"), py::arg("grad_mean"), py::arg("grad_k"));
+    m.def("abs_max", &abs_max, "max |t| (NaN when any element is NaN or infinite)", py::arg("t"));
+    m.def("key_state", &key_state, "the fused key pass: state S, key mean, RoPE pairs ok", py::arg("k"),
+          py::arg("v"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),
+          py::arg("grid_width"));
+    m.def("readout", &readout, "the fused query pass, written into out", py::arg("q"), py::arg("signed_temps"),
+          py::arg("key_mean"), py::arg("state"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"),
+          py::arg("cos_hi"), py::arg("grid_width"), py::arg("eps"), py::arg("out"), py::arg("accumulate"),
+          py::arg("gate") = py::none());
 }
