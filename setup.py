@@ -23,7 +23,8 @@ def cpu_extensions():
     std = '-std=c++20' if version >= (2, 14) else '-std=c++17'  # torch 2.14 headers need C++20
     ext = CppExtension(
         'polaformerpp.ops.pola_attention._pola_features_cpu',
-        ['polaformerpp/ops/pola_attention/csrc/pola_features_cpu.cpp'],
+        ['polaformerpp/ops/pola_attention/csrc/pola_features_cpu.cpp',
+         'polaformerpp/ops/pola_attention/csrc/depthwise_conv_cpu.cpp'],
         # no -ffast-math: only the two flags that let the loops' selects vectorise
         extra_compile_args=['-O3', '-fno-trapping-math', '-fno-math-errno', '-fopenmp', std],
         extra_link_args=['-fopenmp'],

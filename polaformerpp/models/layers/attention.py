@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from polaformerpp.ops import RopeGrid, apply_rope, gated_output, pola_attention_gated, rope_2d_tables
+from polaformerpp.ops.depthwise import depthwise_conv2d
 
 from .fused import linear_act
 
@@ -76,7 +77,8 @@ class GatedAttention(nn.Module):
     def lepe_tokens(self, v_image: Tensor) -> Tensor:
         """The LePE term in the token layout: ``(B, C, H, W)`` (channels-last) ``-> (B, N, C)``."""
         B, C, H, W = v_image.shape
-        return self.lepe(v_image).permute(0, 2, 3, 1).reshape(B, H * W, C)
+        lepe = depthwise_conv2d(v_image, self.lepe.weight, self.lepe.bias)
+        return lepe.permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
 class PolaLinearAttention(GatedAttention):

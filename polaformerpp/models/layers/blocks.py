@@ -4,6 +4,8 @@ import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 from torch import Tensor
 
+from polaformerpp.ops.depthwise import depthwise_conv2d
+
 from .attention import build_token_mixer
 from .fused import conv_bn_act, inference_fusable, linear_act, linear_output_bytes
 
@@ -86,13 +88,35 @@ def conv_residual(conv: nn.Module, x: Tensor) -> Tensor:
     """``x + conv(x)`` for channels-last tokens ``x`` ``(B, H, W, C)`` and a channels-preserving ``conv``.
 
     The conv sees ``x`` as a channels-last image and returns one, so both terms
-    share the token layout (no layout change either way). Where autograd does
-    not record, ``x`` is added into the conv's fresh output (no new tensor);
-    under autograd the sum is a new tensor (an in-place add on the permuted
-    view would make the backward copy and zero-fill full-size gradients).
+    share the token layout (no layout change either way). For a depthwise conv
+    with 'same' padding (the backbone's) the residual is folded into the kernel,
+    ``x + conv(x) = conv'(x)`` with ``w' = w + 1`` at the centre tap: one pass
+    instead of a conv and an add, and under autograd no gradient sum either
+    (the identity's share of the input gradient comes out of the conv's
+    backward). Otherwise ``x`` is added to the conv's output (in place where
+    autograd does not record).
     """
-    y = conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    image = x.permute(0, 3, 1, 2)
+    if _residual_foldable(conv, x.shape[-1]):
+        return depthwise_conv2d(image, conv.weight + _centre_tap(conv.weight), conv.bias).permute(0, 2, 3, 1)
+    y = conv(image).permute(0, 2, 3, 1)
     return x + y if y.requires_grad else y.add_(x)
+
+
+def _residual_foldable(conv: nn.Module, channels: int) -> bool:
+    """A depthwise ``nn.Conv2d`` (stride 1, no dilation, zero 'same' padding of an odd kernel)."""
+    if type(conv) is not nn.Conv2d or conv.padding_mode != 'zeros':
+        return False
+    kh, kw = conv.kernel_size
+    return (conv.groups == channels == conv.in_channels == conv.out_channels and kh % 2 == 1 and kw % 2 == 1
+            and conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.padding == (kh // 2, kw // 2))
+
+
+def _centre_tap(weight: Tensor) -> Tensor:
+    """``(C, 1, kh, kw)`` zeros with a one at each kernel's centre: the identity as a depthwise kernel."""
+    delta = torch.zeros_like(weight, requires_grad=False)
+    delta[:, :, weight.shape[2] // 2, weight.shape[3] // 2] = 1
+    return delta
 
 
 class PolaFormerBlock(nn.Module):

@@ -21,6 +21,8 @@
 //   reads row t / W of the lo and row t % W of the hi tables (RopeGrid).
 #include <torch/extension.h>
 
+#include "vector16.h"
+
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -31,11 +33,8 @@
 
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define POLA_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define POLA_MULTIVERSION
-#endif
+using namespace polaformerpp;
+
 
 constexpr float kExpOverflow = 88.72283905206835f;  // log(FLT_MAX)
 
@@ -623,32 +622,6 @@ void key_grads(
 }
 
 // ---- 16-lane forms of the feature rows, for head dims that are multiples of 16 ----
-// GCC vector extensions: each target clone lowers a 16-float vector to its widest
-// registers (one zmm with AVX-512, two ymm with AVX2, four xmm on the baseline).
-typedef float vfloat __attribute__((vector_size(64)));
-typedef int32_t vint __attribute__((vector_size(64)));
-constexpr int64_t kLanes = 16;
-#define POLA_INLINE inline __attribute__((always_inline))
-
-POLA_INLINE vfloat vload(const float* p) {
-    vfloat x;
-    std::memcpy(&x, p, sizeof x);
-    return x;
-}
-POLA_INLINE void vstore(float* p, vfloat x) { std::memcpy(p, &x, sizeof x); }
-POLA_INLINE vfloat vsplat(float a) { return vfloat{} + a; }
-// the sum of the 16 lanes, as a tree (a chain of 16 scalar adds would cost 16 latencies)
-POLA_INLINE float vsum(vfloat x) {
-    x += __builtin_shuffle(x, vint{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    x += __builtin_shuffle(x, vint{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-    x += __builtin_shuffle(x, vint{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-    x += __builtin_shuffle(x, vint{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-    return x[0];
-}
-// channels (2i, 2i+1) -> (2i+1, 2i): the partner of each RoPE pair
-POLA_INLINE vfloat swap_pairs(vfloat x) {
-    return __builtin_shuffle(x, vint{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-}
 
 // expm1_nonneg on 16 lanes for finite a in [0, 88]: the same reduction and
 // polynomial, the integer part rounded to nearest by adding 1.5 * 2^23 (whose low
@@ -1042,6 +1015,12 @@ void readout(const torch::Tensor& q, const torch::Tensor& signed_temps, const to
 
 }  // namespace
 
+namespace polaformerpp {
+std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch::Tensor& grad_out,
+                                                                    const torch::Tensor& input, int64_t kh,
+                                                                    int64_t kw);
+}  // namespace polaformerpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "Fused CPU feature maps of PolaFormer++'s polarity-aware linear attention";
     m.def("key_features", &key_features, "rotated key features, their token sum, RoPE pairs ok",
@@ -1059,6 +1038,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("key_grads", &key_grads, "the key half of the backward: dk, written into grad_k", py::arg("k"), py::arg("sin_lo"),
           py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"),
           py::arg("grad_rot"), py::arg("grad_mean"), py::arg("grad_k"));
+    m.def("depthwise_conv_weight_grad", &polaformerpp::depthwise_conv_weight_grad,
+          "weight and bias gradients of a stride-1 'same' depthwise conv on channels-last tensors",
+          py::arg("grad_out"), py::arg("input"), py::arg("kh"), py::arg("kw"));
     m.def("abs_max", &abs_max, "max |t| (NaN when any element is NaN or infinite)", py::arg("t"));
     m.def("key_state", &key_state, "the fused key pass: state S, key mean, RoPE pairs ok", py::arg("k"),
           py::arg("v"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),

@@ -1,0 +1,80 @@
+"""Depthwise 'same' convolution (stride 1, zero padding) with a fast CPU weight gradient.
+
+:func:`depthwise_conv2d` is ``F.conv2d(image, weight, bias, padding=k // 2,
+groups=C)``. On the CPU under autograd (fp32, channels-last image, channels a
+multiple of 16) its backward takes the input gradient from oneDNN, as autograd
+would, and the weight and bias gradients from the compiled kernel
+``depthwise_conv_weight_grad``: for the backbone's 5x5 LePE and its large 3x3
+maps oneDNN's weight gradient is a slow path, several times the whole forward.
+Everywhere else (inference, other devices and dtypes, tracing) it is the plain
+``F.conv2d``, which the tests hold the kernel to.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .pola_attention.common import is_tracing
+from .pola_attention.cpu import kernels
+
+__all__ = ['depthwise_conv2d']
+
+
+def depthwise_conv2d(image: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """A depthwise conv with 'same' output size.
+
+    Args:
+        image: ``(B, C, H, W)``.
+        weight: ``(C, 1, kh, kw)``, odd ``kh`` and ``kw`` (padding ``kh // 2``, ``kw // 2``).
+        bias: ``(C,)`` or None.
+
+    Returns:
+        Tensor: ``(B, C, H, W)``, in the image's memory format.
+    """
+    kh, kw = weight.shape[-2:]
+    if _kernel_backward_applies(image, weight, bias):
+        return _DepthwiseConvCPU.apply(image, weight, bias)
+    return F.conv2d(image, weight, bias, 1, (kh // 2, kw // 2), 1, image.shape[1])
+
+
+def _kernel_backward_applies(image: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    tensors = [t for t in (image, weight, bias) if t is not None]
+    if kernels is None or not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+        return False
+    if is_tracing() or torch.is_autocast_enabled('cpu'):
+        return False
+    if any(t.device.type != 'cpu' or t.dtype != torch.float32 for t in tensors):
+        return False
+    channels = image.shape[1]
+    kh, kw = weight.shape[-2:]
+    return (image.dim() == 4 and image.stride(1) == 1 and channels % 16 == 0 and kh % 2 == 1 and kw % 2 == 1
+            and tuple(weight.shape[:2]) == (channels, 1))
+
+
+class _DepthwiseConvCPU(torch.autograd.Function):
+    """``F.conv2d`` forward; input gradient from oneDNN, weight and bias gradients from the kernel."""
+
+    @staticmethod
+    def forward(ctx, image, weight, bias):
+        kh, kw = weight.shape[-2:]
+        ctx.save_for_backward(image, weight)
+        ctx.has_bias = bias is not None
+        return F.conv2d(image, weight, bias, 1, (kh // 2, kw // 2), 1, image.shape[1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        image, weight = ctx.saved_tensors
+        channels, (kh, kw) = image.shape[1], weight.shape[-2:]
+        grad = grad.contiguous(memory_format=torch.channels_last)
+        grad_image = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_image = torch.ops.aten.convolution_backward(
+                grad, image, weight, None, [1, 1], [kh // 2, kw // 2], [1, 1], False, [0, 0], channels,
+                [True, False, False])[0]
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            image = image.contiguous(memory_format=torch.channels_last)
+            grad_weight, grad_bias = kernels.depthwise_conv_weight_grad(grad, image, kh, kw)
+        return grad_image, grad_weight, grad_bias if ctx.has_bias else None
