@@ -403,224 +403,6 @@ RopeTables rope_tables(const c10::optional<torch::Tensor>& sin_lo, const c10::op
     return r;
 }
 
-constexpr int64_t kRowsPerTask = 64;
-
-// Rotated key features (B, h, n, 2d), their unrotated sum over tokens
-// (B, h, 2d) and whether every RoPE pair shares its angle. With key_shifts
-// (B, h, 2d) the features are shifted (shifted_key_row).
-std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
-        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin_lo,
-        const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
-        const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, int64_t offset,
-        const c10::optional<torch::Tensor>& key_shifts) {
-    check_float_rows(k, "k", 4);
-    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
-    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
-    torch::Tensor floors;
-    const float* shift_p = nullptr;
-    if (key_shifts.has_value()) {
-        check_float_rows(*key_shifts, "key_shifts", 3);
-        TORCH_CHECK(key_shifts->is_contiguous() && key_shifts->size(0) == B && key_shifts->size(1) == H &&
-                    key_shifts->size(2) == 2 * d, "key_shifts must be contiguous (B, h, 2d)");
-        floors = key_shifts->neg().exp().contiguous();
-        shift_p = key_shifts->data_ptr<float>();
-    }
-    const float* floor_p = shift_p ? floors.data_ptr<float>() : nullptr;
-    auto out = torch::empty({B, H, n, 2 * d}, k.options());
-    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
-    auto partial = torch::zeros({B * H, blocks, 2 * d}, k.options());
-    std::vector<char> paired(B * H * blocks, 1);
-    const float* kp = k.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    float* pp = partial.data_ptr<float>();
-    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> feature(2 * d);
-        for (int64_t task = begin; task < end; ++task) {
-            const int64_t bh = task / blocks, block = task % blocks;
-            const int64_t b = bh / H, h = bh % H;
-            bool ok = true;
-            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
-                const float* row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
-                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
-                if (shift_p) {
-                    ok &= shifted_key_row(row, shift_p + bh * 2 * d, floor_p + bh * 2 * d,
-                                          rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
-                                          op + (bh * n + i) * 2 * d);
-                } else {
-                    ok &= key_row(row, rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
-                                  op + (bh * n + i) * 2 * d);
-                }
-            }
-            paired[task] = ok;
-        }
-    });
-    bool all_paired = true;
-    for (char p : paired) all_paired &= static_cast<bool>(p);
-    return {out, partial.sum(1).view({B, H, 2 * d}), all_paired};
-}
-
-// Rotated query features of both streams, each row divided by its
-// denominator phi . m + eps: (B, h, n, 2, 2d). With log_rows and
-// log_mean_rows (each (B, h, 4, d)) the features are shifted (shifted_query_row).
-torch::Tensor query_features(
-        const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
-        const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
-        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
-        int64_t grid_width, int64_t offset, double eps, const c10::optional<torch::Tensor>& log_rows,
-        const c10::optional<torch::Tensor>& log_mean_rows, double top_term_limit, double top_feature_limit) {
-    check_float_rows(q, "q", 4);
-    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
-    check_float_rows(signed_temps, "signed_temps", 3);
-    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
-                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
-    check_float_rows(key_mean, "key_mean", 3);
-    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
-                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
-    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
-    TORCH_CHECK(log_rows.has_value() == log_mean_rows.has_value(),
-                "log_rows and log_mean_rows must be given together");
-    const float* log_p = nullptr;
-    const float* log_mean_p = nullptr;
-    if (log_rows.has_value()) {
-        for (const auto* t : {&log_rows.value(), &log_mean_rows.value()}) {
-            check_float_rows(*t, "log_rows", 4);
-            TORCH_CHECK(t->is_contiguous() && t->size(0) == B && t->size(1) == H && t->size(2) == 4 &&
-                        t->size(3) == d, "log_rows and log_mean_rows must be contiguous (B, h, 4, d)");
-        }
-        log_p = log_rows->data_ptr<float>();
-        log_mean_p = log_mean_rows->data_ptr<float>();
-    }
-    auto out = torch::empty({B, H, n, 2, 2 * d}, q.options());
-    const float* qp = q.data_ptr<float>();
-    const float* tp = signed_temps.data_ptr<float>();
-    const float* mp = key_mean.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    const float epsf = static_cast<float>(eps);
-    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
-    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> feature(2 * d);
-        for (int64_t task = begin; task < end; ++task) {
-            const int64_t bh = task / blocks, block = task % blocks;
-            const int64_t b = bh / H, h = bh % H;
-            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
-                const float* row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
-                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
-                if (log_p) {
-                    shifted_query_row(row, tp + h * 4 * d, mp + bh * 2 * d, log_p + bh * 4 * d,
-                                      log_mean_p + bh * 4 * d, static_cast<float>(top_term_limit),
-                                      static_cast<float>(top_feature_limit), rope.present ? &rows : nullptr, d,
-                                      epsf, feature.data(), op + (bh * n + i) * 4 * d);
-                } else {
-                    query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &rows : nullptr, d, epsf,
-                              feature.data(), op + (bh * n + i) * 4 * d);
-                }
-            }
-        }
-    });
-    return out;
-}
-
-// The query half of the backward (../cpu_backward.py), for tokens of one chunk:
-// grad_out, out (B, h, n, dv); grad_rot (B, h, 2, n, 2d), contiguous, g_s S_s^T per stream.
-// Writes dq into grad_q (B, h, n, d), last dim contiguous, and returns per task of
-// kRowsPerTask rows the partial sums of dm (B*h, blocks, 2d) and of d(signed temps) (B*h, blocks, 4, d).
-std::tuple<torch::Tensor, torch::Tensor> query_grads(
-        const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
-        const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
-        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
-        int64_t grid_width, int64_t offset, double eps, const torch::Tensor& grad_out, const torch::Tensor& out,
-        const torch::Tensor& grad_rot, torch::Tensor& grad_q) {
-    check_float_rows(q, "q", 4);
-    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
-    check_float_rows(signed_temps, "signed_temps", 3);
-    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
-                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
-    check_float_rows(key_mean, "key_mean", 3);
-    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
-                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
-    check_float_rows(grad_out, "grad_out", 4);
-    check_float_rows(out, "out", 4);
-    const int64_t dv = grad_out.size(3);
-    TORCH_CHECK(grad_out.sizes() == out.sizes() && grad_out.size(0) == B && grad_out.size(1) == H &&
-                grad_out.size(2) == n && dv % 2 == 0, "grad_out and out must be (B, h, n, dv), dv even");
-    TORCH_CHECK(grad_rot.is_contiguous() && grad_rot.scalar_type() == torch::kFloat32 && grad_rot.dim() == 5 &&
-                grad_rot.size(0) == B && grad_rot.size(1) == H && grad_rot.size(2) == 2 && grad_rot.size(3) == n &&
-                grad_rot.size(4) == 2 * d, "grad_rot must be contiguous float32 (B, h, 2, n, 2d)");
-    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
-    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
-    check_float_rows(grad_q, "grad_q", 4);
-    TORCH_CHECK(grad_q.sizes() == q.sizes(), "grad_q must have the shape of q");
-    auto grad_mean = torch::zeros({B * H, blocks, 2 * d}, q.options());
-    auto grad_temps = torch::zeros({B * H, blocks, 4, d}, q.options());
-    const float* qp = q.data_ptr<float>();
-    const float* tp = signed_temps.data_ptr<float>();
-    const float* mp = key_mean.data_ptr<float>();
-    const float* gp = grad_out.data_ptr<float>();
-    const float* op = out.data_ptr<float>();
-    const float* rp = grad_rot.data_ptr<float>();
-    float* dqp = grad_q.data_ptr<float>();
-    const int64_t dq_s0 = grad_q.stride(0), dq_s1 = grad_q.stride(1), dq_s2 = grad_q.stride(2);
-    float* dmp = grad_mean.data_ptr<float>();
-    float* dtp = grad_temps.data_ptr<float>();
-    const float epsf = static_cast<float>(eps);
-    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> feature(2 * d), grad_phi(2 * d);
-        for (int64_t task = begin; task < end; ++task) {
-            const int64_t bh = task / blocks, block = task % blocks;
-            const int64_t b = bh / H, h = bh % H;
-            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
-                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
-                query_grad_row(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
-                               mp + bh * 2 * d, rope.present ? &rows : nullptr, d, dv, epsf,
-                               gp + b * grad_out.stride(0) + h * grad_out.stride(1) + i * grad_out.stride(2),
-                               op + b * out.stride(0) + h * out.stride(1) + i * out.stride(2),
-                               rp + (bh * 2 * n + i) * 2 * d, n * 2 * d, feature.data(), grad_phi.data(),
-                               dqp + b * dq_s0 + h * dq_s1 + i * dq_s2, dmp + task * 2 * d, dtp + task * 4 * d);
-            }
-        }
-    });
-    return {grad_mean, grad_temps};
-}
-
-// The key half of the backward for tokens of one chunk: grad_rot (B, h, n, 2d),
-// contiguous, v dS^T / N; grad_mean (B, h, 2d), dm / N. Writes dk into grad_k (B, h, n, d),
-// last dim contiguous.
-void key_grads(
-        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
-        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width,
-        int64_t offset, const torch::Tensor& grad_rot, const torch::Tensor& grad_mean, torch::Tensor& grad_k) {
-    check_float_rows(k, "k", 4);
-    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
-    TORCH_CHECK(grad_rot.is_contiguous() && grad_rot.scalar_type() == torch::kFloat32 &&
-                grad_rot.sizes() == torch::IntArrayRef({B, H, n, 2 * d}),
-                "grad_rot must be contiguous float32 (B, h, n, 2d)");
-    check_float_rows(grad_mean, "grad_mean", 3);
-    TORCH_CHECK(grad_mean.is_contiguous() && grad_mean.size(0) == B && grad_mean.size(1) == H &&
-                grad_mean.size(2) == 2 * d, "grad_mean must be contiguous (B, h, 2d)");
-    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
-    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
-    check_float_rows(grad_k, "grad_k", 4);
-    TORCH_CHECK(grad_k.sizes() == k.sizes(), "grad_k must have the shape of k");
-    const float* kp = k.data_ptr<float>();
-    const float* rp = grad_rot.data_ptr<float>();
-    const float* mp = grad_mean.data_ptr<float>();
-    float* dkp = grad_k.data_ptr<float>();
-    const int64_t dk_s0 = grad_k.stride(0), dk_s1 = grad_k.stride(1), dk_s2 = grad_k.stride(2);
-    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> grad_phi(2 * d);
-        for (int64_t task = begin; task < end; ++task) {
-            const int64_t bh = task / blocks, block = task % blocks;
-            const int64_t b = bh / H, h = bh % H;
-            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
-                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
-                key_grad_row(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2), rope.present ? &rows : nullptr,
-                             d, rp + (bh * n + i) * 2 * d, mp + bh * 2 * d, grad_phi.data(),
-                             dkp + b * dk_s0 + h * dk_s1 + i * dk_s2);
-            }
-        }
-    });
-}
-
 // ---- 16-lane forms of the feature rows, for head dims that are multiples of 16 ----
 
 // expm1_nonneg on 16 lanes for finite a in [0, 88]: the same reduction and
@@ -775,6 +557,15 @@ void query_row_vec(const float* q, const float* signed_temps, const float* key_m
     }
 }
 
+// Both streams' rows (each `width` floats, consecutive) divided by their denominators.
+POLA_MULTIVERSION
+void scale_rows(float* rows, int64_t width, const float* den) {
+    for (int64_t s = 0; s < 2; ++s) {
+        const vfloat inv = vsplat(1.0f / den[s]);
+        for (int64_t c = 0; c < width; c += kLanes) vstore(rows + s * width + c, vload(rows + s * width + c) * inv);
+    }
+}
+
 // The readout rows' epilogue, dv/2 channels of one stream: out = c / den (+ out) (* gate).
 POLA_MULTIVERSION
 void finish_output_row(const float* c, float den, int64_t half, bool accumulate, const float* gate, float* out) {
@@ -788,6 +579,339 @@ void finish_output_row(const float* c, float den, int64_t half, bool accumulate,
     } else {
         for (int64_t j = 0; j < half; ++j) out[j] = c[j] * inv;
     }
+}
+
+// R^T(g) for 16 channels from prepared rows: g cos - swap_pairs(g) ssin (the opposite rotation)
+POLA_INLINE vfloat vunrotate(vfloat g, const float* cos, const float* ssin) {
+    return g * vload(cos) - swap_pairs(g) * vload(ssin);
+}
+
+// query_grad_row on 16 lanes (d a multiple of 16; `rope` holds PreparedRope rows).
+// `feature` is scratch for the 2d unrotated features of a stream.
+POLA_MULTIVERSION
+void query_grad_row_vec(const float* q, const float* signed_temps, const float* key_mean, const RopeRows* rope,
+                        int64_t d, int64_t dv, float eps, const float* g, const float* o, const float* grad_rot,
+                        int64_t rot_stride, float* feature, float* grad_q, float* grad_mean, float* grad_temps) {
+    const vfloat zero = vfloat{}, one = vsplat(1.0f);
+    const int64_t half = dv / 2;
+    for (int64_t c = 0; c < d; c += kLanes) vstore(grad_q + c, zero);
+    for (int64_t s = 0; s < 2; ++s) {
+        const float* t1 = signed_temps + (2 * s) * d;
+        const float* t2 = signed_temps + (2 * s + 1) * d;
+        vfloat dot = zero;
+        for (int64_t c = 0; c < d; c += kLanes) {  // phi and phi . m, as in query_row_vec
+            vfloat x = vload(q + c);
+            vfloat y1 = x * vload(t1 + c), y2 = x * vload(t2 + c);
+            vfloat a = y1 > y2 ? y1 : y2;
+            vfloat e = vexpm1_bounded(a < zero ? zero : a);
+            vfloat f1 = y1 <= zero ? zero : e, f2 = y2 <= zero ? zero : e;
+            dot += f1 * vload(key_mean + c) + f2 * vload(key_mean + d + c);
+            vstore(feature + c, f1);
+            vstore(feature + d + c, f2);
+        }
+        float go = 0.0f;
+        for (int64_t j = 0; j < half; ++j) go += g[s * half + j] * o[s * half + j];
+        const float inv_den = 1.0f / (vsum(dot) + eps);
+        const vfloat inv = vsplat(inv_den), grad_den = vsplat(-go * inv_den);
+        const float* rot = grad_rot + s * rot_stride;
+        float* dt1 = grad_temps + (2 * s) * d;
+        float* dt2 = grad_temps + (2 * s + 1) * d;
+        for (int64_t c = 0; c < d; c += kLanes) {
+            vfloat r1 = vload(rot + c), r2 = vload(rot + d + c);
+            if (rope) {
+                r1 = vunrotate(r1, rope->cos_lo + c, rope->sin_lo + c);
+                r2 = vunrotate(r2, rope->cos_hi + c, rope->sin_hi + c);
+            }
+            const vfloat f1 = vload(feature + c), f2 = vload(feature + d + c);
+            const vfloat m1 = vload(key_mean + c), m2 = vload(key_mean + d + c);
+            vstore(grad_mean + c, vload(grad_mean + c) + grad_den * f1);
+            vstore(grad_mean + d + c, vload(grad_mean + d + c) + grad_den * f2);
+            const vfloat x = vload(q + c);
+            const vfloat y1 = x * vload(t1 + c), y2 = x * vload(t2 + c);
+            const vfloat dx1 = y1 > zero ? (r1 * inv + grad_den * m1) * (f1 + one) : zero;
+            const vfloat dx2 = y2 > zero ? (r2 * inv + grad_den * m2) * (f2 + one) : zero;
+            vstore(grad_q + c, vload(grad_q + c) + dx1 * vload(t1 + c) + dx2 * vload(t2 + c));
+            vstore(dt1 + c, vload(dt1 + c) + dx1 * x);
+            vstore(dt2 + c, vload(dt2 + c) + dx2 * x);
+        }
+    }
+}
+
+// key_grad_row on 16 lanes (d a multiple of 16; `rope` holds PreparedRope rows).
+POLA_MULTIVERSION
+void key_grad_row_vec(const float* k, const RopeRows* rope, int64_t d, const float* grad_rot, const float* grad_mean,
+                      float* grad_k) {
+    const vfloat zero = vfloat{}, one = vsplat(1.0f);
+    for (int64_t c = 0; c < d; c += kLanes) {
+        vfloat r1 = vload(grad_rot + c), r2 = vload(grad_rot + d + c);
+        if (rope) {
+            r1 = vunrotate(r1, rope->cos_lo + c, rope->sin_lo + c);
+            r2 = vunrotate(r2, rope->cos_hi + c, rope->sin_hi + c);
+        }
+        const vfloat x = vload(k + c);
+        const vfloat slope = vexpm1_bounded(x < zero ? -x : x) + one;
+        const vfloat up = (r1 + vload(grad_mean + c)) * slope;
+        const vfloat down = -((r2 + vload(grad_mean + d + c)) * slope);
+        vstore(grad_k + c, x > zero ? up : (x < zero ? down : zero));
+    }
+}
+
+constexpr int64_t kRowsPerTask = 64;
+
+// Rotated key features (B, h, n, 2d), their unrotated sum over tokens
+// (B, h, 2d) and whether every RoPE pair shares its angle. With key_shifts
+// (B, h, 2d) the features are shifted (shifted_key_row).
+std::tuple<torch::Tensor, torch::Tensor, bool> key_features(
+        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin_lo,
+        const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
+        const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, int64_t offset,
+        const c10::optional<torch::Tensor>& key_shifts) {
+    check_float_rows(k, "k", 4);
+    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    torch::Tensor floors;
+    const float* shift_p = nullptr;
+    if (key_shifts.has_value()) {
+        check_float_rows(*key_shifts, "key_shifts", 3);
+        TORCH_CHECK(key_shifts->is_contiguous() && key_shifts->size(0) == B && key_shifts->size(1) == H &&
+                    key_shifts->size(2) == 2 * d, "key_shifts must be contiguous (B, h, 2d)");
+        floors = key_shifts->neg().exp().contiguous();
+        shift_p = key_shifts->data_ptr<float>();
+    }
+    const float* floor_p = shift_p ? floors.data_ptr<float>() : nullptr;
+    const bool vec = d % kLanes == 0 && shift_p == nullptr;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
+    auto out = torch::empty({B, H, n, 2 * d}, k.options());
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    auto partial = torch::zeros({B * H, blocks, 2 * d}, k.options());
+    std::vector<char> paired(B * H * blocks, 1);
+    const float* kp = k.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    float* pp = partial.data_ptr<float>();
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            bool ok = true;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                const float* row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
+                if (vec) {
+                    const RopeRows rows = prepared.present ? prepared.rows(i) : RopeRows{};
+                    key_row_vec(row, prepared.present ? &rows : nullptr, d, pp + task * 2 * d,
+                                op + (bh * n + i) * 2 * d);
+                    continue;
+                }
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                if (shift_p) {
+                    ok &= shifted_key_row(row, shift_p + bh * 2 * d, floor_p + bh * 2 * d,
+                                          rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
+                                          op + (bh * n + i) * 2 * d);
+                } else {
+                    ok &= key_row(row, rope.present ? &rows : nullptr, d, feature.data(), pp + task * 2 * d,
+                                  op + (bh * n + i) * 2 * d);
+                }
+            }
+            paired[task] = ok;
+        }
+    });
+    bool all_paired = !vec || tables_paired(rope, n, d);
+    for (char p : paired) all_paired &= static_cast<bool>(p);
+    return {out, partial.sum(1).view({B, H, 2 * d}), all_paired};
+}
+
+// Rotated query features of both streams, each row divided by its
+// denominator phi . m + eps: (B, h, n, 2, 2d). With log_rows and
+// log_mean_rows (each (B, h, 4, d)) the features are shifted (shifted_query_row).
+torch::Tensor query_features(
+        const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
+        const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
+        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
+        int64_t grid_width, int64_t offset, double eps, const c10::optional<torch::Tensor>& log_rows,
+        const c10::optional<torch::Tensor>& log_mean_rows, double top_term_limit, double top_feature_limit) {
+    check_float_rows(q, "q", 4);
+    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+    check_float_rows(signed_temps, "signed_temps", 3);
+    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
+                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
+    check_float_rows(key_mean, "key_mean", 3);
+    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
+                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    TORCH_CHECK(log_rows.has_value() == log_mean_rows.has_value(),
+                "log_rows and log_mean_rows must be given together");
+    const float* log_p = nullptr;
+    const float* log_mean_p = nullptr;
+    if (log_rows.has_value()) {
+        for (const auto* t : {&log_rows.value(), &log_mean_rows.value()}) {
+            check_float_rows(*t, "log_rows", 4);
+            TORCH_CHECK(t->is_contiguous() && t->size(0) == B && t->size(1) == H && t->size(2) == 4 &&
+                        t->size(3) == d, "log_rows and log_mean_rows must be contiguous (B, h, 4, d)");
+        }
+        log_p = log_rows->data_ptr<float>();
+        log_mean_p = log_mean_rows->data_ptr<float>();
+    }
+    const bool vec = d % kLanes == 0 && log_p == nullptr;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
+    auto out = torch::empty({B, H, n, 2, 2 * d}, q.options());
+    const float* qp = q.data_ptr<float>();
+    const float* tp = signed_temps.data_ptr<float>();
+    const float* mp = key_mean.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const float epsf = static_cast<float>(eps);
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                const float* row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
+                if (vec) {
+                    const RopeRows rows = prepared.present ? prepared.rows(i) : RopeRows{};
+                    float den[2];
+                    float* target = op + (bh * n + i) * 4 * d;
+                    query_row_vec(row, tp + h * 4 * d, mp + bh * 2 * d, prepared.present ? &rows : nullptr, d, epsf,
+                                  target, den);
+                    scale_rows(target, 2 * d, den);
+                    continue;
+                }
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                if (log_p) {
+                    shifted_query_row(row, tp + h * 4 * d, mp + bh * 2 * d, log_p + bh * 4 * d,
+                                      log_mean_p + bh * 4 * d, static_cast<float>(top_term_limit),
+                                      static_cast<float>(top_feature_limit), rope.present ? &rows : nullptr, d,
+                                      epsf, feature.data(), op + (bh * n + i) * 4 * d);
+                } else {
+                    query_row(row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &rows : nullptr, d, epsf,
+                              feature.data(), op + (bh * n + i) * 4 * d);
+                }
+            }
+        }
+    });
+    return out;
+}
+
+// The query half of the backward (../cpu_backward.py), for tokens of one chunk:
+// grad_out, out (B, h, n, dv); grad_rot (B, h, 2, n, 2d), contiguous, g_s S_s^T per stream.
+// Writes dq into grad_q (B, h, n, d), last dim contiguous, and returns per task of
+// kRowsPerTask rows the partial sums of dm (B*h, blocks, 2d) and of d(signed temps) (B*h, blocks, 4, d).
+std::tuple<torch::Tensor, torch::Tensor> query_grads(
+        const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
+        const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
+        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi,
+        int64_t grid_width, int64_t offset, double eps, const torch::Tensor& grad_out, const torch::Tensor& out,
+        const torch::Tensor& grad_rot, torch::Tensor& grad_q) {
+    check_float_rows(q, "q", 4);
+    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+    check_float_rows(signed_temps, "signed_temps", 3);
+    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
+                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
+    check_float_rows(key_mean, "key_mean", 3);
+    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
+                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    check_float_rows(grad_out, "grad_out", 4);
+    check_float_rows(out, "out", 4);
+    const int64_t dv = grad_out.size(3);
+    TORCH_CHECK(grad_out.sizes() == out.sizes() && grad_out.size(0) == B && grad_out.size(1) == H &&
+                grad_out.size(2) == n && dv % 2 == 0, "grad_out and out must be (B, h, n, dv), dv even");
+    TORCH_CHECK(grad_rot.is_contiguous() && grad_rot.scalar_type() == torch::kFloat32 && grad_rot.dim() == 5 &&
+                grad_rot.size(0) == B && grad_rot.size(1) == H && grad_rot.size(2) == 2 && grad_rot.size(3) == n &&
+                grad_rot.size(4) == 2 * d, "grad_rot must be contiguous float32 (B, h, 2, n, 2d)");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    check_float_rows(grad_q, "grad_q", 4);
+    TORCH_CHECK(grad_q.sizes() == q.sizes(), "grad_q must have the shape of q");
+    auto grad_mean = torch::zeros({B * H, blocks, 2 * d}, q.options());
+    auto grad_temps = torch::zeros({B * H, blocks, 4, d}, q.options());
+    const float* qp = q.data_ptr<float>();
+    const float* tp = signed_temps.data_ptr<float>();
+    const float* mp = key_mean.data_ptr<float>();
+    const float* gp = grad_out.data_ptr<float>();
+    const float* op = out.data_ptr<float>();
+    const float* rp = grad_rot.data_ptr<float>();
+    float* dqp = grad_q.data_ptr<float>();
+    const int64_t dq_s0 = grad_q.stride(0), dq_s1 = grad_q.stride(1), dq_s2 = grad_q.stride(2);
+    float* dmp = grad_mean.data_ptr<float>();
+    float* dtp = grad_temps.data_ptr<float>();
+    const float epsf = static_cast<float>(eps);
+    const bool vec = d % kLanes == 0;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d), grad_phi(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                if (vec) {
+                    const RopeRows rows = prepared.present ? prepared.rows(i) : RopeRows{};
+                    query_grad_row_vec(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
+                                       mp + bh * 2 * d, prepared.present ? &rows : nullptr, d, dv, epsf,
+                                       gp + b * grad_out.stride(0) + h * grad_out.stride(1) + i * grad_out.stride(2),
+                                       op + b * out.stride(0) + h * out.stride(1) + i * out.stride(2),
+                                       rp + (bh * 2 * n + i) * 2 * d, n * 2 * d, feature.data(),
+                                       dqp + b * dq_s0 + h * dq_s1 + i * dq_s2, dmp + task * 2 * d, dtp + task * 4 * d);
+                    continue;
+                }
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                query_grad_row(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
+                               mp + bh * 2 * d, rope.present ? &rows : nullptr, d, dv, epsf,
+                               gp + b * grad_out.stride(0) + h * grad_out.stride(1) + i * grad_out.stride(2),
+                               op + b * out.stride(0) + h * out.stride(1) + i * out.stride(2),
+                               rp + (bh * 2 * n + i) * 2 * d, n * 2 * d, feature.data(), grad_phi.data(),
+                               dqp + b * dq_s0 + h * dq_s1 + i * dq_s2, dmp + task * 2 * d, dtp + task * 4 * d);
+            }
+        }
+    });
+    return {grad_mean, grad_temps};
+}
+
+// The key half of the backward for tokens of one chunk: grad_rot (B, h, n, 2d),
+// contiguous, v dS^T / N; grad_mean (B, h, 2d), dm / N. Writes dk into grad_k (B, h, n, d),
+// last dim contiguous.
+void key_grads(
+        const torch::Tensor& k, const c10::optional<torch::Tensor>& sin_lo, const c10::optional<torch::Tensor>& cos_lo,
+        const c10::optional<torch::Tensor>& sin_hi, const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width,
+        int64_t offset, const torch::Tensor& grad_rot, const torch::Tensor& grad_mean, torch::Tensor& grad_k) {
+    check_float_rows(k, "k", 4);
+    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3);
+    TORCH_CHECK(grad_rot.is_contiguous() && grad_rot.scalar_type() == torch::kFloat32 &&
+                grad_rot.sizes() == torch::IntArrayRef({B, H, n, 2 * d}),
+                "grad_rot must be contiguous float32 (B, h, n, 2d)");
+    check_float_rows(grad_mean, "grad_mean", 3);
+    TORCH_CHECK(grad_mean.is_contiguous() && grad_mean.size(0) == B && grad_mean.size(1) == H &&
+                grad_mean.size(2) == 2 * d, "grad_mean must be contiguous (B, h, 2d)");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
+    const int64_t blocks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    check_float_rows(grad_k, "grad_k", 4);
+    TORCH_CHECK(grad_k.sizes() == k.sizes(), "grad_k must have the shape of k");
+    const float* kp = k.data_ptr<float>();
+    const float* rp = grad_rot.data_ptr<float>();
+    const float* mp = grad_mean.data_ptr<float>();
+    float* dkp = grad_k.data_ptr<float>();
+    const int64_t dk_s0 = grad_k.stride(0), dk_s1 = grad_k.stride(1), dk_s2 = grad_k.stride(2);
+    const bool vec = d % kLanes == 0;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> grad_phi(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks;
+            const int64_t b = bh / H, h = bh % H;
+            for (int64_t i = block * kRowsPerTask; i < std::min(n, (block + 1) * kRowsPerTask); ++i) {
+                if (vec) {
+                    const RopeRows rows = prepared.present ? prepared.rows(i) : RopeRows{};
+                    key_grad_row_vec(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2),
+                                     prepared.present ? &rows : nullptr, d, rp + (bh * n + i) * 2 * d, mp + bh * 2 * d,
+                                     dkp + b * dk_s0 + h * dk_s1 + i * dk_s2);
+                    continue;
+                }
+                const RopeRows rows = rope.present ? rope.rows(i) : RopeRows{};
+                key_grad_row(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2), rope.present ? &rows : nullptr,
+                             d, rp + (bh * n + i) * 2 * d, mp + bh * 2 * d, grad_phi.data(),
+                             dkp + b * dk_s0 + h * dk_s1 + i * dk_s2);
+            }
+        }
+    });
 }
 
 // Fortran BLAS sgemm, as exported by the BLAS torch is built with (MKL on x86-64).
