@@ -199,3 +199,48 @@ def test_fused_linear_act_and_when_fusion_applies():
                                    layer.bn(layer.conv(x4)))  # BN in training mode: batch statistics, unfused
         with torch.autocast('cpu', dtype=torch.bfloat16):
             assert not inference_fusable(x, linear)
+
+
+@pytest.mark.parametrize('C,heads,use_rope,H,W', [(32, 2, True, 6, 5), (24, 3, False, 4, 7), (64, 1, True, 9, 8)])
+def test_linear_attention_trains_as_one_function_on_the_cpu(C, heads, use_rope, H, W):
+    """The CPU training Function (packed gradient of in_proj, LePE and gate inside) against the module's
+    plain form on the eager backend: output and every gradient. d = 16, 64 take the 16-lane rows;
+    C = 24 the scalar rows and oneDNN's conv weight gradient."""
+    torch.manual_seed(C)
+    fused = _randomised(PolaLinearAttention(C, heads, use_rope=use_rope), seed=C)
+    plain = _randomised(PolaLinearAttention(C, heads, use_rope=use_rope, backend='torch'), seed=C)
+    x = torch.randn(2, H, W, C)
+    outs, grads = [], []
+    for module in (fused, plain):
+        leaf = x.clone().requires_grad_(True)
+        out = module(leaf)
+        outs.append(out)
+        grads.append(torch.autograd.grad((out * x.flip(-1)).sum(), [leaf, *module.parameters()]))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    for (name, _), a, b in zip([('x', None), *fused.named_parameters()], *grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_linear_attention_training_function_is_used_and_steps_aside():
+    """In-range inputs run the Function; inputs needing exponent shifts take the plain form."""
+    from polaformerpp.models.layers.linear_attention_cpu import PolaLinearAttentionCPU
+
+    module = PolaLinearAttention(32, 2)
+    seen = []
+    original = PolaLinearAttentionCPU.apply
+
+    def spy(*args):
+        seen.append(True)
+        return original(*args)
+
+    PolaLinearAttentionCPU.apply = spy
+    try:
+        module(torch.randn(1, 4, 4, 32)).sum().backward()
+        assert seen == [True]
+        with torch.no_grad():
+            module.in_proj.bias[32:64] = 40.0  # keys far outside the shift-free range
+        out = module(torch.randn(1, 4, 4, 32))
+        assert seen == [True] and torch.isfinite(out).all()
+        out.sum().backward()
+    finally:
+        PolaLinearAttentionCPU.apply = original

@@ -12,7 +12,7 @@ gate multiplied, straight into the tokens ``proj`` reads
 input projection ``qkvg`` in linear and ``qkvo`` in softmax blocks; the
 checkpoint converter maps both to ``in_proj``.)
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -21,8 +21,14 @@ from torch import Tensor
 
 from polaformerpp.ops import RopeGrid, apply_rope, gated_output, pola_attention_gated, rope_2d_tables
 from polaformerpp.ops.depthwise import depthwise_conv2d
+from polaformerpp.ops.pola_attention.common import as_rope_halves
+from polaformerpp.ops.pola_attention.cpu import exponent_shift_needed
 
 from .fused import linear_act
+from .linear_attention_cpu import PolaLinearAttentionCPU, fused_training_applies
+
+#: the attention's denominator epsilon (the op's default)
+DEFAULT_EPS = 1e-6
 
 __all__ = ['GatedAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer']
 
@@ -52,10 +58,14 @@ class GatedAttention(nn.Module):
         self.proj = nn.Linear(embed_dims, embed_dims)
 
     def split_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Project ``x`` and split it into heads (views of the projection, no copies but ``v``'s).
+        """Project ``x`` and split it into heads: :meth:`split_projection` of ``in_proj(x)``."""
+        return self.split_projection(linear_act(self.in_proj, None, x))
+
+    def split_projection(self, proj: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Split the projection into heads (views, no copies but ``v``'s).
 
         Args:
-            x: ``(B, H, W, C)``.
+            proj: ``(B, H, W, 4C)``, ``in_proj``'s output.
 
         Returns:
             tuple: ``q, k, v`` each ``(B, h, N, d)`` with ``N = H * W`` (row-major)
@@ -64,8 +74,8 @@ class GatedAttention(nn.Module):
             an image for the LePE (the one copy: a depthwise convolution reads
             dense channels-last memory).
         """
-        B, H, W, C = x.shape
-        q, k, v, gate = linear_act(self.in_proj, None, x).chunk(4, dim=-1)
+        B, H, W, _ = proj.shape
+        q, k, v, gate = proj.chunk(4, dim=-1)
         v = v.contiguous()
         v_image = v.permute(0, 3, 1, 2)
 
@@ -110,12 +120,32 @@ class PolaLinearAttention(GatedAttention):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, H, W, C) -> (B, H, W, C)``."""
         B, H, W, C = x.shape
-        q, k, v, gate, v_image = self.split_heads(x)
+        proj = linear_act(self.in_proj, None, x)
         rope = RopeGrid(H, W) if self.use_rope else None  # the backends build the rotation
+        if fused_training_applies(x, self.backend):
+            out = self.fused_training_forward(proj, rope)
+            if out is not None:
+                return linear_act(self.proj, None, out).view(B, H, W, C)
+        q, k, v, gate, v_image = self.split_projection(proj)
         out = pola_attention_gated(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
                                    self.lepe_tokens(v_image), gate.reshape(B, H * W, C), rope=rope,
                                    backend=self.backend, lepe_writable=True)
         return linear_act(self.proj, None, out).view(B, H, W, C)
+
+
+    def fused_training_forward(self, proj: Tensor, rope: Optional[RopeGrid]) -> Optional[Tensor]:
+        """The step from the projection to ``(B, N, C)`` as one Function
+        (:class:`~.linear_attention_cpu.PolaLinearAttentionCPU`); None for inputs that
+        need exponent shifts (the plain form follows them)."""
+        C = proj.shape[-1] // 4
+        temp_same, temp_opp = self.temp_same.sigmoid(), self.temp_opp.sigmoid()
+        q, k = (proj[..., i * C:(i + 1) * C].flatten(1, 2) for i in range(2))
+        heads = [t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k)]
+        if exponent_shift_needed(*heads, temp_same, temp_opp):
+            return None
+        rope = as_rope_halves(rope, self.head_dim)
+        return PolaLinearAttentionCPU.apply(proj.contiguous(), temp_same, temp_opp, self.lepe.weight, self.lepe.bias,
+                                            self.num_heads, rope, DEFAULT_EPS)
 
 
 class RoPESoftmaxAttention(GatedAttention):

@@ -25,7 +25,7 @@ It serves inputs in the shift-free exponent range (:func:`~.common.needs_exponen
 is false, the case of trained networks); the dispatcher sends the others to
 the eager backend, whose autograd follows the exponent shifts.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -72,7 +72,8 @@ def pola_attention_cpu_trainable(q: Tensor, k: Tensor, v: Tensor, temp_same: Ten
 
 def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor,
                                 temp_opp: Tensor, out: Tensor, state: Tensor, key_mean: Tensor,
-                                rope: Optional[RopeHalves], eps: float, chunk_size: Optional[int] = None):
+                                rope: Optional[RopeHalves], eps: float, chunk_size: Optional[int] = None,
+                                grad_qkv: Optional[Tuple[Tensor, Tensor, Tensor]] = None):
     """Gradients of ``q, k, v, temp_same, temp_opp`` (each in its input's dtype).
 
     Per token chunk, queries then keys: the compiled kernels rebuild the
@@ -84,6 +85,9 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
         temp_same, temp_opp: ``(h, 2d)``.
         state: ``(B, h, 2d, dv)`` and key_mean ``(B, h, 2d)``, fp32, from the forward (unshifted).
         chunk_size: tokens per step (default: :func:`~.common.chunk_tokens`).
+        grad_qkv: fp32 tensors shaped like ``q, k, v`` (any strides with a contiguous
+            last dim, e.g. views of one packed gradient) that receive the gradients of
+            ``q, k, v``; fresh tensors by default.
     """
     dtypes = [t.dtype for t in (q, k, v, temp_same, temp_opp)]
     q, k, v, grad_out, out = (float_rows(t) for t in (q, k, v, grad_out, out))
@@ -95,8 +99,9 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
     key_mean = key_mean.contiguous()
     state_t = state.transpose(-1, -2)  # (B, h, dv, 2d)
 
+    grad_q, grad_k, grad_v = grad_qkv if grad_qkv is not None else (q.new_empty(q.shape), k.new_empty(k.shape),
+                                                                    v.new_empty(v.shape))
     # pass 1, queries: dq, dS, dm and d(signed temps)
-    grad_q = q.new_empty(q.shape)
     grad_state = torch.zeros_like(state)
     grad_mean = torch.zeros_like(key_mean)
     grad_temps = torch.zeros_like(signed_temps)
@@ -117,14 +122,16 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
         grad_temps += temp_parts.view(batch, heads, -1, 4, head_dim).sum(dim=(0, 2))
 
     # pass 2, keys: dv and dk from dS and dm
-    grad_k, grad_v = k.new_empty(k.shape), v.new_empty(v.shape)
     grad_state /= num_tokens
     grad_mean = (grad_mean / num_tokens).contiguous()
     grad_state_t = grad_state.transpose(-1, -2)  # (B, h, dv, 2d)
     for start, stop in chunks:
         rows = rope_rows(start, stop)
         rotated, _, _ = kernels.key_features(k[..., start:stop, :], *rows)  # R(phi_k), (B, h, n, 2d)
-        torch.matmul(rotated, grad_state, out=grad_v[..., start:stop, :])
+        if grad_v.is_contiguous():
+            torch.matmul(rotated, grad_state, out=grad_v[..., start:stop, :])
+        else:  # a strided view (of a packed gradient): the product lands there by a copy
+            grad_v[..., start:stop, :] = rotated @ grad_state
         grad_rot = v[..., start:stop, :] @ grad_state_t
         kernels.key_grads(k[..., start:stop, :], *rows, grad_rot, grad_mean, grad_k[..., start:stop, :])
 

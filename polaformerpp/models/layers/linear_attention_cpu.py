@@ -1,0 +1,111 @@
+"""Training of the linear-attention token mixer on the CPU as one autograd Function.
+
+:class:`PolaLinearAttentionCPU` runs, from the packed ``in_proj`` output
+``[q | k | v | gate]``, the LePE convolution, the attention on the fused CPU
+kernels and the gated epilogue, ``(attention + LePE) * gate``, and in its
+backward writes the gradients of q, k, v and the gate into one packed
+``(B, H, W, 4C)`` tensor: the attention's row kernels write ``dq`` and ``dk``
+straight into their slices, ``dv`` and the LePE's input gradient land in the
+``v`` slice, ``dgate`` in its own. Under plain autograd the same step makes
+four separate gradients and concatenates them (a pass over ``4C`` channels),
+sums the two ``v`` gradients and runs the epilogue's products as separate
+passes.
+
+It serves what :func:`fused_training_applies` accepts (CPU fp32 training on
+the compiled kernels, inputs in the shift-free exponent range); the module's
+plain form is the reference its tests hold it to.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from polaformerpp.ops.pola_attention.common import is_tracing
+from polaformerpp.ops.pola_attention.cpu import cpu_kernels_available, kernels, pola_attention_cpu_with_state
+from polaformerpp.ops.pola_attention.cpu_backward import pola_attention_cpu_backward
+from polaformerpp.ops.rope import RopeHalves
+
+__all__ = ['PolaLinearAttentionCPU', 'fused_training_applies']
+
+
+def fused_training_applies(x: Tensor, backend: str) -> bool:
+    """Whether a training step on ``x`` ``(B, H, W, C)`` may run :class:`PolaLinearAttentionCPU`.
+
+    CPU fp32 under autograd, backend ``'auto'`` or ``'cpu'`` with the kernels
+    built, not traced or compiled, no autocast.
+    """
+    return (torch.is_grad_enabled() and backend in ('auto', 'cpu') and cpu_kernels_available()
+            and x.device.type == 'cpu' and x.dtype == torch.float32 and not is_tracing()
+            and not torch.is_autocast_enabled('cpu'))
+
+
+def _heads(tokens: Tensor, heads: int) -> Tensor:
+    """``(B, N, C)`` (last dim contiguous, any token stride) -> ``(B, h, N, C / h)`` view."""
+    B, N, C = tokens.shape
+    return tokens.view(B, N, heads, C // heads).transpose(1, 2)
+
+
+class PolaLinearAttentionCPU(torch.autograd.Function):
+    """``((pola_attention(q, k, v) merged) + lepe(v)) * gate`` from the packed projection.
+
+    Forward args:
+        proj: ``(B, H, W, 4C)`` contiguous, ``[q | k | v | gate]``.
+        temp_same, temp_opp: ``(h, 2d)`` temperatures (after the sigmoid).
+        lepe_weight, lepe_bias: the depthwise LePE conv's ``(C, 1, kh, kw)`` and ``(C,)``.
+        heads: h. rope: :class:`~polaformerpp.ops.rope.RopeHalves` or None. eps: as the op.
+
+    Returns:
+        Tensor: ``(B, N, C)``, what the output projection reads.
+    """
+
+    @staticmethod
+    def forward(ctx, proj, temp_same, temp_opp, lepe_weight, lepe_bias, heads: int,
+                rope: Optional[RopeHalves], eps: float):
+        B, H, W, C4 = proj.shape
+        C, N = C4 // 4, H * W
+        tokens = proj.view(B, N, C4)
+        v = tokens[..., 2 * C:3 * C].contiguous()
+        kh, kw = lepe_weight.shape[-2:]
+        lepe = F.conv2d(v.view(B, H, W, C).permute(0, 3, 1, 2), lepe_weight, lepe_bias, 1, (kh // 2, kw // 2), 1, C)
+        attn, state, key_mean, _ = pola_attention_cpu_with_state(
+            _heads(tokens[..., :C], heads), _heads(tokens[..., C:2 * C], heads), _heads(v, heads), temp_same,
+            temp_opp, rope, eps, shifted=False)
+        pre_gate = lepe.permute(0, 2, 3, 1).reshape(B, N, C)  # the conv's fresh channels-last output: a view
+        pre_gate.view(B, N, heads, -1).add_(attn.transpose(1, 2))
+        ctx.heads, ctx.rope, ctx.eps = heads, rope, eps
+        ctx.save_for_backward(proj, v, temp_same, temp_opp, lepe_weight, attn, state, key_mean, pre_gate)
+        return pre_gate * tokens[..., 3 * C:]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        proj, v, temp_same, temp_opp, lepe_weight, attn, state, key_mean, pre_gate = ctx.saved_tensors
+        heads = ctx.heads
+        B, H, W, C4 = proj.shape
+        C, N = C4 // 4, H * W
+        tokens = proj.view(B, N, C4)
+        grad = grad.contiguous()
+        grad_pre_gate = grad * tokens[..., 3 * C:]  # d(attention) = d(lepe)
+        grad_proj = torch.empty(B, N, C4, dtype=proj.dtype)
+        torch.mul(grad, pre_gate, out=grad_proj[..., 3 * C:])
+        grad_qkv = tuple(_heads(grad_proj[..., i * C:(i + 1) * C], heads) for i in range(3))
+        *_, grad_same, grad_opp = pola_attention_cpu_backward(
+            _heads(grad_pre_gate, heads), _heads(tokens[..., :C], heads), _heads(tokens[..., C:2 * C], heads),
+            _heads(v, heads), temp_same, temp_opp, attn, state, key_mean, ctx.rope, ctx.eps, grad_qkv=grad_qkv)
+        # the LePE conv: its input gradient joins dv, its weight gradient from the compiled kernel
+        kh, kw = lepe_weight.shape[-2:]
+        v_image = v.view(B, H, W, C).permute(0, 3, 1, 2)
+        grad_image = grad_pre_gate.view(B, H, W, C).permute(0, 3, 1, 2)
+        padding = [kh // 2, kw // 2]
+        grad_v_image = torch.ops.aten.convolution_backward(grad_image, v_image, lepe_weight, None, [1, 1], padding,
+                                                           [1, 1], False, [0, 0], C, [True, False, False])[0]
+        grad_proj[..., 2 * C:3 * C].view(B, H, W, C).add_(grad_v_image.permute(0, 2, 3, 1))
+        if C % 16 == 0:
+            grad_weight, grad_bias = kernels.depthwise_conv_weight_grad(grad_image, v_image, kh, kw)
+        else:
+            _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+                grad_image, v_image, lepe_weight, [C], [1, 1], padding, [1, 1], False, [0, 0], C,
+                [False, True, True])
+        return grad_proj.view(B, H, W, C4), grad_same, grad_opp, grad_weight, grad_bias, None, None, None
