@@ -74,7 +74,6 @@ class _DepthwiseConvCPU(torch.autograd.Function):
             grad_image = torch.ops.aten.convolution_backward(
                 grad, image, weight, None, [1, 1], [kh // 2, kw // 2], [1, 1], False, [0, 0], channels,
                 [True, False, False])[0]
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            image = image.contiguous(memory_format=torch.channels_last)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:  # any strides with channels innermost
             grad_weight, grad_bias = kernels.depthwise_conv_weight_grad(grad, image, kh, kw)
         return grad_image, grad_weight, grad_bias if ctx.has_bias else None

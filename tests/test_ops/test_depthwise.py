@@ -31,9 +31,10 @@ def plain(image, weight, bias):
 
 @needs_kernels
 @pytest.mark.parametrize('B,C,H,W,k,bias', [(2, 64, 9, 13, 5, True), (1, 32, 4, 3, 5, False),
-                                            (3, 16, 7, 7, 3, True), (2, 48, 1, 6, 3, True)])
+                                            (3, 16, 7, 7, 3, True), (2, 48, 1, 6, 3, True), (2, 16, 1, 1, 5, True)])
 def test_kernel_gradients_match_autograd_of_conv2d(B, C, H, W, k, bias):
-    """Maps smaller than the kernel, rows shorter than the four-pixel unroll, no bias."""
+    """Maps smaller than the kernel, rows shorter than the four-pixel unroll, no bias; 1 x 1 maps,
+    whose gradient and image are both channels-last with different pixel strides."""
     image, weight, b = conv_inputs(B, C, H, W, k, seed=C + H, bias=bias)
     grad = torch.randn(B, C, H, W, generator=torch.Generator().manual_seed(1))
     out, grads = gradients(depthwise_conv2d, image, weight, b, grad)

@@ -26,13 +26,13 @@ namespace {
 
 // One output row's contribution for channels [c0, c0 + 16): taps into acc (kh, kw, C), the
 // gradient sum into bias_acc (C). Pointers are at channel c0 of pixel 0 of their rows;
-// `pixel` is the stride between neighbouring pixels; in_rows[i] is input row y + i - ph or
-// nullptr outside the image.
+// `gp`, `ip` are the strides between neighbouring pixels of the gradient and the input;
+// in_rows[i] is input row y + i - ph or nullptr outside the image.
 POLA_MULTIVERSION
-void weight_grad_row(const float* grad, const float* const* in_rows, int64_t width, int64_t pixel, int64_t kh,
-                     int64_t kw, int64_t pw, int64_t channels, float* acc, float* bias_acc) {
+void weight_grad_row(const float* grad, const float* const* in_rows, int64_t width, int64_t gp, int64_t ip,
+                     int64_t kh, int64_t kw, int64_t pw, int64_t channels, float* acc, float* bias_acc) {
     vfloat bias = vfloat{};
-    for (int64_t x = 0; x < width; ++x) bias += vload(grad + x * pixel);
+    for (int64_t x = 0; x < width; ++x) bias += vload(grad + x * gp);
     vstore(bias_acc, vload(bias_acc) + bias);
     for (int64_t i = 0; i < kh; ++i) {
         const float* in = in_rows[i];
@@ -43,12 +43,12 @@ void weight_grad_row(const float* grad, const float* const* in_rows, int64_t wid
             vfloat a0 = vfloat{}, a1 = vfloat{}, a2 = vfloat{}, a3 = vfloat{};
             int64_t x = lo;
             for (; x + 4 <= hi; x += 4) {
-                a0 += vload(grad + x * pixel) * vload(in + (x + shift) * pixel);
-                a1 += vload(grad + (x + 1) * pixel) * vload(in + (x + 1 + shift) * pixel);
-                a2 += vload(grad + (x + 2) * pixel) * vload(in + (x + 2 + shift) * pixel);
-                a3 += vload(grad + (x + 3) * pixel) * vload(in + (x + 3 + shift) * pixel);
+                a0 += vload(grad + x * gp) * vload(in + (x + shift) * ip);
+                a1 += vload(grad + (x + 1) * gp) * vload(in + (x + 1 + shift) * ip);
+                a2 += vload(grad + (x + 2) * gp) * vload(in + (x + 2 + shift) * ip);
+                a3 += vload(grad + (x + 3) * gp) * vload(in + (x + 3 + shift) * ip);
             }
-            for (; x < hi; ++x) a0 += vload(grad + x * pixel) * vload(in + (x + shift) * pixel);
+            for (; x < hi; ++x) a0 += vload(grad + x * gp) * vload(in + (x + shift) * ip);
             float* out = acc + (i * kw + j) * channels;
             vstore(out, vload(out) + ((a0 + a1) + (a2 + a3)));
         }
@@ -62,7 +62,7 @@ void check_channels_last(const torch::Tensor& t, const char* name) {
 
 }  // namespace
 
-// grad_out and input (B, C, H, W), channels-last, C a multiple of 16, 'same' output size
+// grad_out and input (B, C, H, W), channel stride 1 (any other strides), C a multiple of 16, 'same' output size
 // (stride 1, zero padding ph, pw with kh = 2 ph + 1, kw = 2 pw + 1).
 // Returns grad_weight (C, 1, kh, kw) and grad_bias (C).
 std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch::Tensor& grad_out,
@@ -74,8 +74,7 @@ std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch:
     const int64_t B = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
     TORCH_CHECK(C % kLanes == 0, "channels must be a multiple of 16, got ", C);
     TORCH_CHECK(kh > 0 && kw > 0 && kh % 2 == 1 && kw % 2 == 1, "kernel sizes must be odd");
-    TORCH_CHECK(grad_out.stride(3) == input.stride(3), "grad_out and input must have the same pixel stride");
-    const int64_t ph = kh / 2, pw = kw / 2, pixel = input.stride(3);
+    const int64_t ph = kh / 2, pw = kw / 2;
     const int64_t threads = at::get_num_threads();
     std::vector<float> acc(threads * kh * kw * C, 0.0f), bias_acc(threads * C, 0.0f);
     const float* gp = grad_out.data_ptr<float>();
@@ -92,8 +91,8 @@ std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch:
                     const int64_t yy = y + i - ph;
                     in_rows[i] = yy >= 0 && yy < H ? xp + b * input.stride(0) + yy * input.stride(2) + c0 : nullptr;
                 }
-                weight_grad_row(gp + b * grad_out.stride(0) + y * grad_out.stride(2) + c0, in_rows.data(), W, pixel,
-                                kh, kw, pw, C, my_acc + c0, my_bias + c0);
+                weight_grad_row(gp + b * grad_out.stride(0) + y * grad_out.stride(2) + c0, in_rows.data(), W,
+                                grad_out.stride(3), input.stride(3), kh, kw, pw, C, my_acc + c0, my_bias + c0);
             }
         }
     });
