@@ -2,7 +2,7 @@
 
 :func:`depthwise_conv2d` is ``F.conv2d(image, weight, bias, padding=k // 2,
 groups=C)``. On the CPU under autograd (fp32, channels-last image, channels a
-multiple of 16) its backward takes the input gradient from oneDNN, as autograd
+multiple of 8) its backward takes the input gradient from oneDNN, as autograd
 would, and the weight and bias gradients from the compiled kernel
 ``depthwise_conv_weight_grad``: for the backbone's 5x5 LePE and its large 3x3
 maps oneDNN's weight gradient is a slow path, several times the whole forward.
@@ -49,7 +49,7 @@ def _kernel_backward_applies(image: Tensor, weight: Tensor, bias: Optional[Tenso
         return False
     channels = image.shape[1]
     kh, kw = weight.shape[-2:]
-    return (image.dim() == 4 and image.stride(1) == 1 and channels % 16 == 0 and kh % 2 == 1 and kw % 2 == 1
+    return (image.dim() == 4 and image.stride(1) == 1 and channels % 8 == 0 and kh % 2 == 1 and kw % 2 == 1
             and tuple(weight.shape[:2]) == (channels, 1))
 
 

@@ -62,7 +62,7 @@ def test_weight_only_and_strided_grad():
 
 
 def test_other_inputs_take_conv2d():
-    """Channels not a multiple of 16, NCHW images, float64 and inference: plain conv2d."""
+    """Channels not a multiple of 8, NCHW images, float64 and inference: plain conv2d."""
     odd_channels = conv_inputs(1, 12, 5, 5, 3)
     image, weight, b = conv_inputs(1, 16, 5, 5, 3)
     for args in (odd_channels, (image.contiguous(), weight, b), tuple(t.double() for t in (image, weight, b))):

@@ -102,7 +102,7 @@ class PolaLinearAttentionCPU(torch.autograd.Function):
         grad_v_image = torch.ops.aten.convolution_backward(grad_image, v_image, lepe_weight, None, [1, 1], padding,
                                                            [1, 1], False, [0, 0], C, [True, False, False])[0]
         grad_proj[..., 2 * C:3 * C].view(B, H, W, C).add_(grad_v_image.permute(0, 2, 3, 1))
-        if C % 16 == 0:
+        if C % 8 == 0:
             grad_weight, grad_bias = kernels.depthwise_conv_weight_grad(grad_image, v_image, kh, kw)
         else:
             _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(

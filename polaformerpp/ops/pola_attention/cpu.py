@@ -12,9 +12,9 @@ the same for the query rows and writes the products, divided by their
 denominators, into the output (``(B, h, N, dv)``, or with ``lepe`` and
 ``gate`` (:func:`~polaformerpp.ops.pola_attention_gated`) ``(merged heads +
 lepe) * gate`` straight into the token layout). No feature row reaches memory,
-and the extra memory is a few blocks per thread whatever N is. The 16-lane
-rows (head dims that are multiples of 16) are vector code that each target
-clone (AVX-512, AVX2, baseline) lowers to its own registers.
+and the extra memory is a few blocks per thread whatever N is. For head dims
+that are multiples of 8 the rows are 8-float vector code, compiled for
+AVX-512, AVX2 and the baseline in one build and chosen at run time.
 
 Inputs that need exponent shifts run the same two passes over token chunks
 as the eager backend (:mod:`.eager`): the kernels write the feature rows and

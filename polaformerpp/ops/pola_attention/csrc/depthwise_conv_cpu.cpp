@@ -7,7 +7,7 @@
 //   grad_weight[c, i, j] = sum_{b, y, x} grad_out[b, c, y, x] * input[b, c, y + i - ph, x + j - pw]
 //   grad_bias[c]         = sum_{b, y, x} grad_out[b, c, y, x]
 //
-// Per output row (b, y) and 16 channels, each tap is one pass over the row's
+// Per output row (b, y) and kLanes channels, each tap is one pass over the row's
 // valid pixels with four independent accumulators; every thread sums into its
 // own (kh, kw, C) buffer, added up at the end.
 #include <torch/extension.h>
@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "vector16.h"
+#include "vectors.h"
 
 namespace polaformerpp {
 
@@ -62,7 +62,7 @@ void check_channels_last(const torch::Tensor& t, const char* name) {
 
 }  // namespace
 
-// grad_out and input (B, C, H, W), channel stride 1 (any other strides), C a multiple of 16, 'same' output size
+// grad_out and input (B, C, H, W), channel stride 1 (any other strides), C a multiple of kLanes, 'same' output size
 // (stride 1, zero padding ph, pw with kh = 2 ph + 1, kw = 2 pw + 1).
 // Returns grad_weight (C, 1, kh, kw) and grad_bias (C).
 std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch::Tensor& grad_out,
@@ -72,7 +72,7 @@ std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch:
     check_channels_last(input, "input");
     TORCH_CHECK(grad_out.sizes() == input.sizes(), "grad_out and input must have the same shape");
     const int64_t B = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-    TORCH_CHECK(C % kLanes == 0, "channels must be a multiple of 16, got ", C);
+    TORCH_CHECK(C % kLanes == 0, "channels must be a multiple of ", kLanes, ", got ", C);
     TORCH_CHECK(kh > 0 && kw > 0 && kh % 2 == 1 && kw % 2 == 1, "kernel sizes must be odd");
     const int64_t ph = kh / 2, pw = kw / 2;
     const int64_t threads = at::get_num_threads();

@@ -21,7 +21,7 @@
 //   reads row t / W of the lo and row t % W of the hi tables (RopeGrid).
 #include <torch/extension.h>
 
-#include "vector16.h"
+#include "vectors.h"
 
 #include <ATen/Parallel.h>
 
@@ -403,9 +403,9 @@ RopeTables rope_tables(const c10::optional<torch::Tensor>& sin_lo, const c10::op
     return r;
 }
 
-// ---- 16-lane forms of the feature rows, for head dims that are multiples of 16 ----
+// ---- vector forms of the feature rows (kLanes lanes), for head dims that are multiples of kLanes ----
 
-// expm1_nonneg on 16 lanes for finite a in [0, 88]: the same reduction and
+// expm1_nonneg on kLanes lanes for finite a in [0, 88]: the same reduction and
 // polynomial, the integer part rounded to nearest by adding 1.5 * 2^23 (whose low
 // mantissa bits then hold it). The fused passes that use it take inputs in the
 // shift-free range only (no NaN, no exponent near overflow), so it needs none of
@@ -428,13 +428,13 @@ POLA_INLINE vfloat vexpm1_bounded(vfloat a) {
     return scale * pm1 + (scale - 1.0f);
 }
 
-// R(f) for 16 channels of one half from prepared rows (PreparedRope): f cos +
+// R(f) for kLanes channels of one half from prepared rows (PreparedRope): f cos +
 // swap_pairs(f) ssin
 POLA_INLINE vfloat vrotate(vfloat f, const float* cos, const float* ssin) {
     return f * vload(cos) + swap_pairs(f) * vload(ssin);
 }
 
-// key_row on 16 lanes (d a multiple of 16): the features' sum into feature_sum (2d)
+// key_row on vectors (d a multiple of kLanes): the features' sum into feature_sum (2d)
 // and R(phi) into out (2d). `rope` holds PreparedRope rows (cosines and signed sines);
 // the RoPE pairs are checked once per call (tables_paired).
 POLA_MULTIVERSION
@@ -481,7 +481,7 @@ bool tables_paired(const RopeTables& t, int64_t n, int64_t d) {
            rows_paired(t.sin_hi, t.stride_hi, hi_rows, d) && rows_paired(t.cos_hi, t.stride_hi, hi_rows, d);
 }
 
-// RoPE rows as the 16-lane rows read them: per table row the cosine of each channel's
+// RoPE rows as the vector rows read them: per table row the cosine of each channel's
 // pair and the signed sine (-sin on a pair's first channel, +sin on its second), so that
 // R(f) = f cos + swap_pairs(f) ssin. The angles are those of each pair's first channel
 // (as rotate_half). Built once per call: O((H + W) d) for a grid, O(n d) for tables.
@@ -528,7 +528,7 @@ struct PreparedRope {
     }
 };
 
-// query_row on 16 lanes without the division: both streams' R(phi) into out (2 x 2d)
+// query_row on vectors without the division: both streams' R(phi) into out (2 x 2d)
 // and their denominators phi . m + eps into den (2). Rope rows as key_row_vec.
 POLA_MULTIVERSION
 void query_row_vec(const float* q, const float* signed_temps, const float* key_mean, const RopeRows* rope,
@@ -581,12 +581,12 @@ void finish_output_row(const float* c, float den, int64_t half, bool accumulate,
     }
 }
 
-// R^T(g) for 16 channels from prepared rows: g cos - swap_pairs(g) ssin (the opposite rotation)
+// R^T(g) for kLanes channels from prepared rows: g cos - swap_pairs(g) ssin (the opposite rotation)
 POLA_INLINE vfloat vunrotate(vfloat g, const float* cos, const float* ssin) {
     return g * vload(cos) - swap_pairs(g) * vload(ssin);
 }
 
-// query_grad_row on 16 lanes (d a multiple of 16; `rope` holds PreparedRope rows).
+// query_grad_row on vectors (d a multiple of kLanes; `rope` holds PreparedRope rows).
 // `feature` is scratch for the 2d unrotated features of a stream.
 POLA_MULTIVERSION
 void query_grad_row_vec(const float* q, const float* signed_temps, const float* key_mean, const RopeRows* rope,
@@ -637,7 +637,7 @@ void query_grad_row_vec(const float* q, const float* signed_temps, const float* 
     }
 }
 
-// key_grad_row on 16 lanes (d a multiple of 16; `rope` holds PreparedRope rows).
+// key_grad_row on vectors (d a multiple of kLanes; `rope` holds PreparedRope rows).
 POLA_MULTIVERSION
 void key_grad_row_vec(const float* k, const RopeRows* rope, int64_t d, const float* grad_rot, const float* grad_mean,
                       float* grad_k) {
