@@ -36,6 +36,19 @@ namespace {
 using namespace polaformerpp;
 
 
+// expm1(r) for |r| <= ln2 / 2 (a float or a vector): the degree-7 Taylor polynomial.
+template <typename T>
+POLA_INLINE T expm1_reduced(T r) {
+    T p = T{} + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    return p * r;
+}
+
 constexpr float kExpOverflow = 88.72283905206835f;  // log(FLT_MAX)
 
 // exp(a) - 1 for a >= 0 (NaN propagates, +inf above log(FLT_MAX)).
@@ -48,14 +61,7 @@ inline float expm1_nonneg(float a) {
     float kf = std::floor(x * 1.4426950408889634f + 0.5f);
     float r = x - kf * 0.693359375f;
     r = r - kf * -2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    float pm1 = p * r;  // expm1(r)
+    float pm1 = expm1_reduced(r);
     // 2^k in two halves: k reaches 128, one past the largest finite exponent
     int32_t k = static_cast<int32_t>(kf);
     int32_t k1 = k >> 1;
@@ -78,14 +84,7 @@ inline float exp_any(float a) {
     float kf = std::floor(x * 1.4426950408889634f + 0.5f);
     float r = x - kf * 0.693359375f;
     r = r - kf * -2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    float e_r = p * r + 1.0f;  // exp(r)
+    float e_r = expm1_reduced(r) + 1.0f;  // exp(r)
     int32_t k = static_cast<int32_t>(kf);
     int32_t k1 = k >> 1;
     int32_t bits1 = (k1 + 127) << 23, bits2 = (k - k1 + 127) << 23;
@@ -353,6 +352,17 @@ void check_float_rows(const torch::Tensor& t, const char* name, int64_t dim) {
     TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dim");
 }
 
+// The per-head inputs of the query kernels: signed_temps (h, 4, d) and key_mean (B, h, 2d), contiguous.
+void check_query_inputs(const torch::Tensor& signed_temps, const torch::Tensor& key_mean, int64_t B, int64_t H,
+                        int64_t d) {
+    check_float_rows(signed_temps, "signed_temps", 3);
+    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
+                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
+    check_float_rows(key_mean, "key_mean", 3);
+    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
+                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+}
+
 // The RoPE tables of a call: lo/hi halves, each (rows, d) with its row stride.
 struct RopeTables {
     bool present = false;
@@ -416,14 +426,7 @@ POLA_INLINE vfloat vexpm1_bounded(vfloat a) {
     vfloat kf = t - magic;
     vfloat r = a - kf * 0.693359375f;
     r = r - kf * -2.12194440e-4f;
-    vfloat p = vsplat(1.0f / 5040.0f);
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    vfloat pm1 = p * r;
+    vfloat pm1 = expm1_reduced(r);
     vfloat scale = (vfloat)((((vint)t - (vint)magic) + 127) << 23);
     return scale * pm1 + (scale - 1.0f);
 }
@@ -432,6 +435,20 @@ POLA_INLINE vfloat vexpm1_bounded(vfloat a) {
 // swap_pairs(f) ssin
 POLA_INLINE vfloat vrotate(vfloat f, const float* cos, const float* ssin) {
     return f * vload(cos) + swap_pairs(f) * vload(ssin);
+}
+
+// One stream's query features for kLanes channels from the signed temperature rows t1, t2:
+// f1 = exp(relu(x t1)) - 1, f2 = exp(relu(x t2)) - 1 (one exp: at most one is active);
+// returns their share of phi . m (m1, m2: the key mean's two halves at these channels).
+POLA_INLINE vfloat vstream_features(const float* q, const float* t1, const float* t2, const float* m1,
+                                    const float* m2, vfloat& f1, vfloat& f2) {
+    const vfloat zero = vfloat{}, x = vload(q);
+    const vfloat y1 = x * vload(t1), y2 = x * vload(t2);
+    const vfloat a = y1 > y2 ? y1 : y2;
+    const vfloat e = vexpm1_bounded(a < zero ? zero : a);
+    f1 = y1 <= zero ? zero : e;
+    f2 = y2 <= zero ? zero : e;
+    return f1 * vload(m1) + f2 * vload(m2);
 }
 
 // key_row on vectors (d a multiple of kLanes): the features' sum into feature_sum (2d)
@@ -540,12 +557,8 @@ void query_row_vec(const float* q, const float* signed_temps, const float* key_m
         float* row = out + s * 2 * d;
         vfloat dot = zero;
         for (int64_t c = 0; c < d; c += kLanes) {
-            vfloat x = vload(q + c);
-            vfloat y1 = x * vload(t1 + c), y2 = x * vload(t2 + c);
-            vfloat a = y1 > y2 ? y1 : y2;
-            vfloat e = vexpm1_bounded(a < zero ? zero : a);
-            vfloat f1 = y1 <= zero ? zero : e, f2 = y2 <= zero ? zero : e;
-            dot += f1 * vload(key_mean + c) + f2 * vload(key_mean + d + c);
+            vfloat f1, f2;
+            dot += vstream_features(q + c, t1 + c, t2 + c, key_mean + c, key_mean + d + c, f1, f2);
             if (rope) {
                 f1 = vrotate(f1, rope->cos_lo + c, rope->sin_lo + c);
                 f2 = vrotate(f2, rope->cos_hi + c, rope->sin_hi + c);
@@ -600,12 +613,8 @@ void query_grad_row_vec(const float* q, const float* signed_temps, const float* 
         const float* t2 = signed_temps + (2 * s + 1) * d;
         vfloat dot = zero;
         for (int64_t c = 0; c < d; c += kLanes) {  // phi and phi . m, as in query_row_vec
-            vfloat x = vload(q + c);
-            vfloat y1 = x * vload(t1 + c), y2 = x * vload(t2 + c);
-            vfloat a = y1 > y2 ? y1 : y2;
-            vfloat e = vexpm1_bounded(a < zero ? zero : a);
-            vfloat f1 = y1 <= zero ? zero : e, f2 = y2 <= zero ? zero : e;
-            dot += f1 * vload(key_mean + c) + f2 * vload(key_mean + d + c);
+            vfloat f1, f2;
+            dot += vstream_features(q + c, t1 + c, t2 + c, key_mean + c, key_mean + d + c, f1, f2);
             vstore(feature + c, f1);
             vstore(feature + d + c, f2);
         }
@@ -731,12 +740,7 @@ torch::Tensor query_features(
         const c10::optional<torch::Tensor>& log_mean_rows, double top_term_limit, double top_feature_limit) {
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
-    check_float_rows(signed_temps, "signed_temps", 3);
-    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
-                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
-    check_float_rows(key_mean, "key_mean", 3);
-    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
-                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    check_query_inputs(signed_temps, key_mean, B, H, d);
     const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, offset, n, d);
     TORCH_CHECK(log_rows.has_value() == log_mean_rows.has_value(),
                 "log_rows and log_mean_rows must be given together");
@@ -804,12 +808,7 @@ std::tuple<torch::Tensor, torch::Tensor> query_grads(
         const torch::Tensor& grad_rot, torch::Tensor& grad_q) {
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
-    check_float_rows(signed_temps, "signed_temps", 3);
-    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
-                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
-    check_float_rows(key_mean, "key_mean", 3);
-    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
-                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    check_query_inputs(signed_temps, key_mean, B, H, d);
     check_float_rows(grad_out, "grad_out", 4);
     check_float_rows(out, "out", 4);
     const int64_t dv = grad_out.size(3);
@@ -1069,12 +1068,7 @@ void readout(const torch::Tensor& q, const torch::Tensor& signed_temps, const to
              bool accumulate, const c10::optional<torch::Tensor>& gate) {
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
-    check_float_rows(signed_temps, "signed_temps", 3);
-    TORCH_CHECK(signed_temps.is_contiguous() && signed_temps.size(0) == H && signed_temps.size(1) == 4 &&
-                signed_temps.size(2) == d, "signed_temps must be contiguous (h, 4, d)");
-    check_float_rows(key_mean, "key_mean", 3);
-    TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
-                key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+    check_query_inputs(signed_temps, key_mean, B, H, d);
     check_float_rows(out, "out", 4);
     const int64_t dv = out.size(3), half = dv / 2;
     TORCH_CHECK(out.size(0) == B && out.size(1) == H && out.size(2) == n && dv % 2 == 0,
