@@ -9,7 +9,7 @@ maps oneDNN's weight gradient is a slow path, several times the whole forward.
 Everywhere else (inference, other devices and dtypes, tracing) it is the plain
 ``F.conv2d``, which the tests hold the kernel to.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 from .pola_attention.common import is_tracing
 from .pola_attention.cpu import kernels
 
-__all__ = ['depthwise_conv2d']
+__all__ = ['depthwise_conv2d', 'depthwise_conv2d_backward']
 
 
 def depthwise_conv2d(image: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
@@ -33,9 +33,34 @@ def depthwise_conv2d(image: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
     Returns:
         Tensor: ``(B, C, H, W)``, in the image's memory format.
     """
-    kh, kw = weight.shape[-2:]
     if _kernel_backward_applies(image, weight, bias):
         return _DepthwiseConvCPU.apply(image, weight, bias)
+    return _same_conv(image, weight, bias)
+
+
+def depthwise_conv2d_backward(grad: Tensor, image: Tensor, weight: Tensor, input_grad: bool = True,
+                              weight_grad: bool = True) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """The gradients ``(image, weight, bias)`` of :func:`depthwise_conv2d` (None where not asked).
+
+    The image's from oneDNN; the weight's and the bias's from the compiled kernel where the
+    channels are innermost in both tensors and a multiple of 8, from oneDNN otherwise.
+    """
+    channels, (kh, kw) = image.shape[1], weight.shape[-2:]
+    args = ([1, 1], [kh // 2, kw // 2], [1, 1], False, [0, 0], channels)
+    grad_image = grad_weight = grad_bias = None
+    if input_grad:
+        grad_image = torch.ops.aten.convolution_backward(grad, image, weight, None, *args, [True, False, False])[0]
+    if weight_grad:
+        if kernels is not None and channels % 8 == 0 and grad.stride(1) == 1 and image.stride(1) == 1:
+            grad_weight, grad_bias = kernels.depthwise_conv_weight_grad(grad, image, kh, kw)
+        else:
+            _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(grad, image, weight, [channels], *args,
+                                                                            [False, True, True])
+    return grad_image, grad_weight, grad_bias
+
+
+def _same_conv(image: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    kh, kw = weight.shape[-2:]
     return F.conv2d(image, weight, bias, 1, (kh // 2, kw // 2), 1, image.shape[1])
 
 
@@ -58,22 +83,15 @@ class _DepthwiseConvCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, image, weight, bias):
-        kh, kw = weight.shape[-2:]
         ctx.save_for_backward(image, weight)
         ctx.has_bias = bias is not None
-        return F.conv2d(image, weight, bias, 1, (kh // 2, kw // 2), 1, image.shape[1])
+        return _same_conv(image, weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         image, weight = ctx.saved_tensors
-        channels, (kh, kw) = image.shape[1], weight.shape[-2:]
-        grad = grad.contiguous(memory_format=torch.channels_last)
-        grad_image = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_image = torch.ops.aten.convolution_backward(
-                grad, image, weight, None, [1, 1], [kh // 2, kw // 2], [1, 1], False, [0, 0], channels,
-                [True, False, False])[0]
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:  # any strides with channels innermost
-            grad_weight, grad_bias = kernels.depthwise_conv_weight_grad(grad, image, kh, kw)
+        grad_image, grad_weight, grad_bias = depthwise_conv2d_backward(
+            grad.contiguous(memory_format=torch.channels_last), image, weight, ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
         return grad_image, grad_weight, grad_bias if ctx.has_bias else None

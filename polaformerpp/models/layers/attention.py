@@ -132,7 +132,6 @@ class PolaLinearAttention(GatedAttention):
                                    backend=self.backend, lepe_writable=True)
         return linear_act(self.proj, None, out).view(B, H, W, C)
 
-
     def fused_training_forward(self, proj: Tensor, rope: Optional[RopeGrid]) -> Optional[Tensor]:
         """The step from the projection to ``(B, N, C)`` as one Function
         (:class:`~.linear_attention_cpu.PolaLinearAttentionCPU`); None for inputs that

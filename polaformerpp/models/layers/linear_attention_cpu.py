@@ -18,12 +18,12 @@ plain form is the reference its tests hold it to.
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from polaformerpp.ops.depthwise import depthwise_conv2d, depthwise_conv2d_backward
 from polaformerpp.ops.pola_attention.common import is_tracing
-from polaformerpp.ops.pola_attention.cpu import cpu_kernels_available, kernels, pola_attention_cpu_with_state
+from polaformerpp.ops.pola_attention.cpu import cpu_kernels_available, pola_attention_cpu_with_state
 from polaformerpp.ops.pola_attention.cpu_backward import pola_attention_cpu_backward
 from polaformerpp.ops.rope import RopeHalves
 
@@ -67,8 +67,7 @@ class PolaLinearAttentionCPU(torch.autograd.Function):
         C, N = C4 // 4, H * W
         tokens = proj.view(B, N, C4)
         v = tokens[..., 2 * C:3 * C].contiguous()
-        kh, kw = lepe_weight.shape[-2:]
-        lepe = F.conv2d(v.view(B, H, W, C).permute(0, 3, 1, 2), lepe_weight, lepe_bias, 1, (kh // 2, kw // 2), 1, C)
+        lepe = depthwise_conv2d(v.view(B, H, W, C).permute(0, 3, 1, 2), lepe_weight, lepe_bias)  # no grad here
         attn, state, key_mean, _ = pola_attention_cpu_with_state(
             _heads(tokens[..., :C], heads), _heads(tokens[..., C:2 * C], heads), _heads(v, heads), temp_same,
             temp_opp, rope, eps, shifted=False)
@@ -94,18 +93,8 @@ class PolaLinearAttentionCPU(torch.autograd.Function):
         *_, grad_same, grad_opp = pola_attention_cpu_backward(
             _heads(grad_pre_gate, heads), _heads(tokens[..., :C], heads), _heads(tokens[..., C:2 * C], heads),
             _heads(v, heads), temp_same, temp_opp, attn, state, key_mean, ctx.rope, ctx.eps, grad_qkv=grad_qkv)
-        # the LePE conv: its input gradient joins dv, its weight gradient from the compiled kernel
-        kh, kw = lepe_weight.shape[-2:]
-        v_image = v.view(B, H, W, C).permute(0, 3, 1, 2)
-        grad_image = grad_pre_gate.view(B, H, W, C).permute(0, 3, 1, 2)
-        padding = [kh // 2, kw // 2]
-        grad_v_image = torch.ops.aten.convolution_backward(grad_image, v_image, lepe_weight, None, [1, 1], padding,
-                                                           [1, 1], False, [0, 0], C, [True, False, False])[0]
+        # the LePE conv: its input gradient joins dv
+        grad_v_image, grad_weight, grad_bias = depthwise_conv2d_backward(
+            grad_pre_gate.view(B, H, W, C).permute(0, 3, 1, 2), v.view(B, H, W, C).permute(0, 3, 1, 2), lepe_weight)
         grad_proj[..., 2 * C:3 * C].view(B, H, W, C).add_(grad_v_image.permute(0, 2, 3, 1))
-        if C % 8 == 0:
-            grad_weight, grad_bias = kernels.depthwise_conv_weight_grad(grad_image, v_image, kh, kw)
-        else:
-            _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-                grad_image, v_image, lepe_weight, [C], [1, 1], padding, [1, 1], False, [0, 0], C,
-                [False, True, True])
         return grad_proj.view(B, H, W, C4), grad_same, grad_opp, grad_weight, grad_bias, None, None, None

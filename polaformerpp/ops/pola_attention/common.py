@@ -42,8 +42,8 @@ __all__ = [
     'Rope', 'FUSED_DTYPES', 'MAX_TRITON_BATCH_HEADS', 'compute_dtype', 'is_tracing', 'chunk_tokens', 'token_chunks',
     'signed_temperatures', 'check_temperatures', 'check_rope', 'rope_pair_error', 'check_rope_pairs',
     'as_rope_halves', 'rope_tensors', 'SHIFT_FREE_KEY_EXPONENT', 'SHIFT_FREE_PRODUCT_EXPONENT', 'MAX_QUERY_EXPONENT',
-    'needs_exponent_shift', 'key_exponent_shifts', 'key_normalisation', 'query_exponent_shifts', 'signed_rows',
-    'shifted_eps'
+    'needs_exponent_shift', 'exceeds_shift_free_range', 'key_exponent_shifts', 'key_normalisation',
+    'query_exponent_shifts', 'signed_rows', 'shifted_eps'
 ]
 
 #: the RoPE forms the op accepts: none, a token grid by its size, or ``(sin, cos)`` tables ``(N, 2d)``
@@ -127,9 +127,15 @@ def needs_exponent_shift(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tens
     if is_tracing():
         return True
     with torch.no_grad():
-        key_top = _abs_max(k)
-        query_top = _abs_max(q) * torch.maximum(temp_same.detach().amax(), temp_opp.detach().amax()).float()
-        return bool((key_top > SHIFT_FREE_KEY_EXPONENT) | (key_top + query_top > SHIFT_FREE_PRODUCT_EXPONENT))
+        return exceeds_shift_free_range(_abs_max(k), _abs_max(q), temp_same, temp_opp)
+
+
+def exceeds_shift_free_range(key_top, query_top, temp_same: Tensor, temp_opp: Tensor) -> bool:
+    """The bound of :func:`needs_exponent_shift` from ``max |k|`` and ``max |q|`` (floats or
+    0-dim tensors; NaN compares false)."""
+    top_temperature = torch.maximum(temp_same.detach().amax(), temp_opp.detach().amax()).float()
+    product_top = key_top + query_top * top_temperature
+    return bool((key_top > SHIFT_FREE_KEY_EXPONENT) | (product_top > SHIFT_FREE_PRODUCT_EXPONENT))
 
 
 def _share_pairs(channels: Tensor) -> Tensor:

@@ -32,12 +32,12 @@ from torch import Tensor
 from ..rope import RopeHalves
 from .common import (
     MAX_QUERY_EXPONENT,
-    SHIFT_FREE_KEY_EXPONENT,
     SHIFT_FREE_PRODUCT_EXPONENT,
     Rope,
     as_rope_halves,
     check_temperatures,
     chunk_tokens,
+    exceeds_shift_free_range,
     key_exponent_shifts,
     key_normalisation,
     needs_exponent_shift,
@@ -106,8 +106,15 @@ def exponent_shift_needed(q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Ten
     key_top, query_top = kernels.abs_max(k.detach()), kernels.abs_max(q.detach())
     if math.isnan(key_top) or math.isnan(query_top):
         return needs_exponent_shift(q, k, temp_same, temp_opp)
-    top_temperature = max(temp_same.detach().amax().item(), temp_opp.detach().amax().item())
-    return key_top > SHIFT_FREE_KEY_EXPONENT or key_top + query_top * top_temperature > SHIFT_FREE_PRODUCT_EXPONENT
+    return exceeds_shift_free_range(key_top, query_top, temp_same, temp_opp)
+
+
+def lepe_accumulator(lepe: Tensor, lepe_writable: bool, heads: int) -> Tuple[Tensor, Tensor]:
+    """The fp32 ``(B, N, h * dv)`` buffer the readout products accumulate onto (``lepe`` itself where
+    writable, a copy otherwise), and its ``(B, h, N, dv)`` view, the products' output in the token layout."""
+    writable = lepe_writable and lepe.dtype == torch.float32 and lepe.is_contiguous()
+    out = lepe if writable else lepe.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    return out, out.unflatten(-1, (heads, -1)).transpose(1, 2)
 
 
 def _fused_forward(q, k, v, temp_same, temp_opp, rope_rows, eps, lepe, gate, lepe_writable, out_dtype):
@@ -127,10 +134,7 @@ def _fused_forward(q, k, v, temp_same, temp_opp, rope_rows, eps, lepe, gate, lep
         out = torch.empty(batch, heads, num_tokens, v.shape[-1], dtype=torch.float32)
         kernels.readout(q, signed_temps, key_mean, state, *tables, float(eps), out, False)
         return out.to(out_dtype), state, key_mean, False
-    # the products accumulate onto the LePE term, in the token layout; (B, h, N, dv) views of it
-    writable = lepe_writable and lepe.dtype == torch.float32 and lepe.is_contiguous()
-    out = lepe if writable else lepe.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-    out_heads = out.unflatten(-1, (heads, -1)).transpose(1, 2)
+    out, out_heads = lepe_accumulator(lepe, lepe_writable, heads)
     kernels.readout(q, signed_temps, key_mean, state, *tables, float(eps), out_heads, True, float_rows(gate))
     return out.to(out_dtype), state, key_mean, False
 
@@ -197,11 +201,7 @@ def pola_attention_cpu_with_state(q: Tensor, k: Tensor, v: Tensor, temp_same: Te
     gated = lepe is not None
     if gated:
         gate = float_rows(gate)
-        # the products accumulate onto the LePE term in place, written in the token layout;
-        # (B, h, N, dv) views of it are their outputs
-        writable = lepe_writable and lepe.dtype == torch.float32 and lepe.is_contiguous()
-        out = lepe if writable else lepe.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-        out_heads = out.unflatten(-1, (heads, -1)).transpose(1, 2)
+        out, out_heads = lepe_accumulator(lepe, lepe_writable, heads)
     else:
         out = torch.empty(batch, heads, num_tokens, 2 * half, dtype=torch.float32)
     for start, stop in chunks:
