@@ -33,6 +33,7 @@ from polaformerpp.utils import (
     StrictLoadHook,
     adapt_cfg_to_device,
     apply_common_args,
+    exit_after_distributed_run,
     init_distributed_if_cpu,
     set_unsafe_loading,
     shutdown_distributed,
@@ -116,3 +117,4 @@ def main(argv=None):
 
 if __name__ == '__main__':
     exit_on_checkpoint_error(main)
+    exit_after_distributed_run()

@@ -10,10 +10,17 @@ from .checkpoint import (
     set_unsafe_loading,
 )
 from .config_scope import installed_config_dir, is_config_scope_registered, register_config_scope
-from .runtime import adapt_cfg_to_device, apply_common_args, init_distributed_if_cpu, shutdown_distributed
+from .runtime import (
+    adapt_cfg_to_device,
+    apply_common_args,
+    exit_after_distributed_run,
+    init_distributed_if_cpu,
+    shutdown_distributed,
+)
 
 __all__ = [
-    'apply_common_args', 'adapt_cfg_to_device', 'init_distributed_if_cpu', 'shutdown_distributed',
+    'apply_common_args', 'adapt_cfg_to_device', 'exit_after_distributed_run', 'init_distributed_if_cpu',
+    'shutdown_distributed',
     'installed_config_dir', 'is_config_scope_registered', 'register_config_scope', 'CheckpointMismatchError',
     'LoadReport', 'StrictLoadHook', 'UnsafeCheckpointError', 'compare_state_dict', 'load_checkpoint_file',
     'load_model_weights', 'register_safe_globals', 'set_unsafe_loading'

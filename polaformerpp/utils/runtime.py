@@ -14,10 +14,12 @@ GPU, without touching installed packages:
   visualizer (:func:`add_tensorboard_backend`).
 """
 import copy
+import logging
 import os
 import os.path as osp
 import shutil
 import subprocess
+import sys
 
 import torch
 import torch.distributed as dist
@@ -192,3 +194,24 @@ def shutdown_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        _DISTRIBUTED_RUN_ENDED[0] = True
+
+
+_DISTRIBUTED_RUN_ENDED = [False]
+
+
+def exit_after_distributed_run() -> None:
+    """End a launched worker right after :func:`shutdown_distributed`, skipping static destructors.
+
+    Even with the group destroyed, the C++ threads of gloo (and of the rendezvous
+    store) can still be joinable when the interpreter tears down its statics,
+    and ``std::terminate`` then aborts a worker whose run succeeded. A worker
+    whose run ended cleanly flushes its logs and streams and leaves with
+    ``os._exit(0)``; a process that never joined a group returns normally.
+    """
+    if not _DISTRIBUTED_RUN_ENDED[0]:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
