@@ -19,10 +19,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from polaformerpp.ops import RopeGrid, apply_rope, gated_output, pola_attention_gated, rope_2d_tables
+from polaformerpp.ops import RopeGrid, gated_output, pola_attention_gated
 from polaformerpp.ops.depthwise import depthwise_conv2d
 from polaformerpp.ops.pola_attention.common import as_rope_halves
 from polaformerpp.ops.pola_attention.cpu import exponent_shift_needed
+from polaformerpp.ops.rope import apply_rope_2d
 
 from .fused import linear_act
 from .linear_attention_cpu import PolaLinearAttentionCPU, fused_training_applies
@@ -170,8 +171,7 @@ class RoPESoftmaxAttention(GatedAttention):
         B, H, W, C = x.shape
         q, k, v, gate, v_image = self.split_heads(x)
         if self.use_rope:
-            sin, cos = rope_2d_tables(H, W, self.head_dim, device=x.device, dtype=q.dtype)
-            q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+            q, k = apply_rope_2d(q, H, W), apply_rope_2d(k, H, W)
         out = F.scaled_dot_product_attention(q, k, v)
         lepe, gate = self.lepe_tokens(v_image), gate.reshape(B, H * W, C)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (out, lepe, gate)):

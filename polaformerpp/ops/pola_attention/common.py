@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..rope import RopeGrid, RopeHalves, rope_halves
+from ..tracing import is_tracing
 
 __all__ = [
     'Rope', 'FUSED_DTYPES', 'MAX_TRITON_BATCH_HEADS', 'compute_dtype', 'is_tracing', 'chunk_tokens', 'token_chunks',
@@ -63,11 +64,6 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp16/bf16 inputs are computed in fp32 (exp overflows fp16 at 11.1, 1/N
     underflows it at long sequences); fp64 stays fp64 (gradcheck)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def is_tracing() -> bool:
-    """Under torch.compile or torch.jit.trace (no data-dependent checks, no opaque kernels)."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 def chunk_tokens(q: Tensor) -> int:
