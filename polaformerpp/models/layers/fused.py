@@ -7,7 +7,9 @@ These helpers keep such passes inside the producing kernel:
 
 * :func:`linear_act`: ``act(linear(x))`` (``act`` may be None) as one oneDNN
   matmul with the bias and the activation in its epilogue, where the output is
-  large enough for the saved pass to pay;
+  large enough for the saved pass to pay (and, in CPU training with an exact
+  GELU, :func:`~polaformerpp.ops.linear_gelu.linear_gelu`: bias, GELU and
+  their gradients in one compiled pass each);
 * :func:`conv_bn_act`: ``act(bn(conv(x)))`` as one oneDNN convolution, the
   BatchNorm folded into the conv's weight and bias (eval mode);
 * :func:`layer_norm_to_nchw`: a channels-last LayerNorm whose output is
@@ -25,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from polaformerpp.ops.linear_gelu import linear_gelu, linear_gelu_kernel_applies
 from polaformerpp.ops.pola_attention.common import is_tracing
 
 __all__ = ['inference_fusable', 'linear_act', 'linear_output_bytes', 'conv_bn_act', 'fold_batch_norm',
@@ -85,13 +88,16 @@ def linear_output_bytes(x: Tensor, linear: nn.Linear) -> int:
 
 def linear_act(linear: nn.Linear, act: Optional[nn.Module], x: Tensor) -> Tensor:
     """``act(linear(x))`` for ``x`` ``(..., C_in)``; one fused matmul where :func:`inference_fusable`
-    and the output holds at least :data:`MIN_FUSED_LINEAR_OUTPUT_BYTES`."""
+    and the output holds at least :data:`MIN_FUSED_LINEAR_OUTPUT_BYTES`; with an exact GELU
+    in CPU training, :func:`~polaformerpp.ops.linear_gelu.linear_gelu`."""
     post_op = _post_op(act)
     # the size test last: under tracing (export with symbolic sizes) it would become a guard
     if (post_op is not None and inference_fusable(x, linear) and x.stride(-1) == 1
             and linear_output_bytes(x, linear) >= MIN_FUSED_LINEAR_OUTPUT_BYTES):
         return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, post_op, [],
                                                 _algorithm(post_op))
+    if post_op == 'gelu' and type(linear) is nn.Linear and linear_gelu_kernel_applies(x, linear.weight, linear.bias):
+        return linear_gelu(x, linear.weight, linear.bias)
     y = linear(x)
     return y if act is None else act(y)
 

@@ -36,19 +36,6 @@ namespace {
 using namespace polaformerpp;
 
 
-// expm1(r) for |r| <= ln2 / 2 (a float or a vector): the degree-7 Taylor polynomial.
-template <typename T>
-POLA_INLINE T expm1_reduced(T r) {
-    T p = T{} + 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    return p * r;
-}
-
 constexpr float kExpOverflow = 88.72283905206835f;  // log(FLT_MAX)
 
 // exp(a) - 1 for a >= 0 (NaN propagates, +inf above log(FLT_MAX)).
@@ -1137,6 +1124,10 @@ namespace polaformerpp {
 std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch::Tensor& grad_out,
                                                                     const torch::Tensor& input, int64_t kh,
                                                                     int64_t kw);
+torch::Tensor bias_gelu(const torch::Tensor& h, const c10::optional<torch::Tensor>& bias);
+std::tuple<torch::Tensor, c10::optional<torch::Tensor>> bias_gelu_backward(
+        const torch::Tensor& grad_y, const torch::Tensor& h, const c10::optional<torch::Tensor>& bias,
+        bool bias_grad);
 }  // namespace polaformerpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1159,6 +1150,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("depthwise_conv_weight_grad", &polaformerpp::depthwise_conv_weight_grad,
           "weight and bias gradients of a stride-1 'same' depthwise conv on channels-last tensors",
           py::arg("grad_out"), py::arg("input"), py::arg("kh"), py::arg("kw"));
+    m.def("bias_gelu", &polaformerpp::bias_gelu, "y = gelu(h + bias) (exact erf form) for (rows, C) h",
+          py::arg("h"), py::arg("bias") = py::none());
+    m.def("bias_gelu_backward", &polaformerpp::bias_gelu_backward,
+          "dh = dy * gelu'(h + bias), and the bias gradient (its column sums) when asked", py::arg("grad_y"),
+          py::arg("h"), py::arg("bias") = py::none(), py::arg("bias_grad") = false);
     m.def("abs_max", &abs_max, "max |t| (NaN when any element is NaN or infinite)", py::arg("t"));
     m.def("key_state", &key_state, "the fused key pass: state S, key mean, RoPE pairs ok", py::arg("k"),
           py::arg("v"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),

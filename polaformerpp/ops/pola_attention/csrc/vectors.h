@@ -39,4 +39,17 @@ POLA_INLINE float vsum(vfloat x) {
 // channels (2i, 2i+1) -> (2i+1, 2i): the partner of each RoPE pair
 POLA_INLINE vfloat swap_pairs(vfloat x) { return __builtin_shuffle(x, vint{1, 0, 3, 2, 5, 4, 7, 6}); }
 
+// expm1(r) for |r| <= ln2 / 2 (a float or a vector): the degree-7 Taylor polynomial.
+template <typename T>
+POLA_INLINE T expm1_reduced(T r) {
+    T p = T{} + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    return p * r;
+}
+
 }  // namespace polaformerpp

@@ -1,0 +1,72 @@
+"""``gelu(linear(x))`` (exact erf GELU) with its bias and activation in one compiled pass, for CPU training.
+
+:func:`linear_gelu` is ``F.gelu(F.linear(x, weight, bias))``. On the CPU under
+autograd (fp32) the product runs without its bias (torch's ``addmm`` first
+copies the bias into every output row) and the compiled kernel ``bias_gelu``
+adds the bias and applies the GELU in one pass; the backward's kernel
+``bias_gelu_backward`` forms ``dy * gelu'(h + b)`` and sums the bias gradient in
+the same pass, where autograd takes a GELU-gradient pass and a separate column
+sum. Everywhere else (inference, other devices and dtypes, tracing, autocast)
+it is the plain form, which the tests hold the kernels to.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .pola_attention.cpu import kernels
+from .tracing import is_tracing
+
+__all__ = ['linear_gelu', 'linear_gelu_kernel_applies']
+
+
+def linear_gelu(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``F.gelu(F.linear(x, weight, bias))``.
+
+    Args:
+        x: ``(..., C_in)``.
+        weight: ``(C_out, C_in)``. bias: ``(C_out,)`` or None.
+
+    Returns:
+        Tensor: ``(..., C_out)``.
+    """
+    if linear_gelu_kernel_applies(x, weight, bias):
+        return _LinearGELUCPU.apply(x, weight, bias)
+    return F.gelu(F.linear(x, weight, bias))
+
+
+def linear_gelu_kernel_applies(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> bool:
+    """CPU fp32 tensors of which one records gradients, kernels built, not traced, no autocast."""
+    tensors = [t for t in (x, weight, bias) if t is not None]
+    if kernels is None or not hasattr(kernels, 'bias_gelu') or not torch.is_grad_enabled():
+        return False
+    if not any(t.requires_grad for t in tensors) or is_tracing() or torch.is_autocast_enabled('cpu'):
+        return False
+    return (all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors) and weight.dim() == 2
+            and x.shape[-1] == weight.shape[1] and (bias is None or tuple(bias.shape) == (weight.shape[0], )))
+
+
+class _LinearGELUCPU(torch.autograd.Function):
+    """The product by ``torch.mm`` without bias; bias and GELU (and their gradients) by the kernels."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        rows = x.reshape(-1, x.shape[-1])
+        h = torch.mm(rows, weight.t())
+        y = kernels.bias_gelu(h, None if bias is None else bias.contiguous())
+        ctx.save_for_backward(rows, weight, bias, h)
+        ctx.input_shape = x.shape
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        rows, weight, bias, h = ctx.saved_tensors
+        grad_h, grad_bias = kernels.bias_gelu_backward(
+            grad.reshape(h.shape).contiguous(), h, None if bias is None else bias.contiguous(),
+            bias is not None and ctx.needs_input_grad[2])
+        grad_x = torch.mm(grad_h, weight).view(ctx.input_shape) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.mm(grad_h.t(), rows) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_weight, grad_bias
