@@ -25,7 +25,8 @@ def cpu_extensions():
         'polaformerpp.ops.pola_attention._pola_features_cpu',
         ['polaformerpp/ops/pola_attention/csrc/pola_features_cpu.cpp',
          'polaformerpp/ops/pola_attention/csrc/depthwise_conv_cpu.cpp',
-         'polaformerpp/ops/pola_attention/csrc/gelu_cpu.cpp'],
+         'polaformerpp/ops/pola_attention/csrc/gelu_cpu.cpp',
+         'polaformerpp/ops/pola_attention/csrc/residual_cpu.cpp'],
         # no -ffast-math: only the two flags that let the loops' selects vectorise
         extra_compile_args=['-O3', '-fno-trapping-math', '-fno-math-errno', '-fopenmp', std],
         extra_link_args=['-fopenmp'],

@@ -17,7 +17,7 @@ from torch import Tensor
 from .tracing import is_tracing
 
 __all__ = ['rope_frequencies', 'rope_2d_tables', 'pola_rope_tables', 'pola_rope_factors', 'RopeGrid',
-           'RopeHalves', 'rope_halves', 'apply_rope', 'apply_rope_2d']
+           'RopeHalves', 'rope_halves', 'apply_rope', 'apply_rope_2d', 'rope_2d_rotation', 'complex_pairs']
 
 
 class RopeGrid(NamedTuple):
@@ -122,10 +122,10 @@ def apply_rope_2d(x: Tensor, height: int, width: int) -> Tensor:
 
     In eager mode, for fp32/fp64 ``x`` whose channel pairs are adjacent in
     memory, each pair ``(x0, x1)`` is read as the complex number ``x0 + i x1``
-    and multiplied by ``cos + i sin``: one pass forward and one backward
-    (4-5x faster than the real form's five), with the same values. The
-    result keeps ``x``'s memory layout. Tracers, export and other dtypes take
-    :func:`apply_rope` (no complex tensors there).
+    and multiplied by ``cos + i sin`` (:func:`rope_2d_rotation`): one pass
+    forward and one backward (4-5x faster than the real form's five), with the
+    same values. The result keeps ``x``'s memory layout. Tracers, export and
+    other dtypes take :func:`apply_rope` (no complex tensors there).
 
     Args:
         x: ``(..., N, C)`` with ``N = height * width`` (row-major) and ``C % 4 == 0``.
@@ -133,15 +133,28 @@ def apply_rope_2d(x: Tensor, height: int, width: int) -> Tensor:
     channels = x.shape[-1]
     if not _rotates_as_complex(x):
         return apply_rope(x, *rope_2d_tables(height, width, channels, device=x.device, dtype=x.dtype))
-    freqs = rope_frequencies(channels, device=x.device)[0::2]  # one per pair of each axis' half
-    rows = torch.arange(height, device=x.device, dtype=torch.float32)
-    cols = torch.arange(width, device=x.device, dtype=torch.float32)
+    rotation = rope_2d_rotation(height, width, channels, device=x.device)
+    return torch.view_as_real(complex_pairs(x) * rotation.to(_COMPLEX_OF[x.dtype])).flatten(-2)
+
+
+def rope_2d_rotation(height: int, width: int, channels: int, device=None) -> Tensor:
+    """The rotation of :func:`rope_2d_tables` as one complex64 factor ``cos + i sin`` per channel pair.
+
+    Returns:
+        Tensor: ``(height * width, channels // 2)``; pair ``j`` of token ``n`` is channels ``2j, 2j + 1``.
+    """
+    freqs = rope_frequencies(channels, device=device)[0::2]  # one per pair of each axis' half
+    rows = torch.arange(height, device=device, dtype=torch.float32)
+    cols = torch.arange(width, device=device, dtype=torch.float32)
     pairs_per_axis = freqs.numel()
     angle = torch.cat([(rows[:, None] * freqs)[:, None, :].expand(height, width, pairs_per_axis),
                        (cols[:, None] * freqs)[None, :, :].expand(height, width, pairs_per_axis)], dim=-1)
-    rotation = torch.complex(angle.cos(), angle.sin()).reshape(height * width, channels // 2)
-    pairs = torch.view_as_complex(x.unflatten(-1, (channels // 2, 2)))
-    return torch.view_as_real(pairs * rotation.to(pairs.dtype)).flatten(-2)
+    return torch.complex(angle.cos(), angle.sin()).reshape(height * width, channels // 2)
+
+
+def complex_pairs(x: Tensor) -> Tensor:
+    """``(..., C)`` real with adjacent channel pairs -> ``(..., C / 2)`` complex view ``x[2j] + i x[2j + 1]``."""
+    return torch.view_as_complex(x.unflatten(-1, (x.shape[-1] // 2, 2)))
 
 
 def _rotates_as_complex(x: Tensor) -> bool:

@@ -3,8 +3,15 @@ import pytest
 import torch
 
 from ops_testing import make_inputs
-from polaformerpp.ops import (RopeGrid, apply_rope, available_backends, pola_attention, pola_rope_factors,
-                              pola_rope_tables, rope_2d_tables)
+from polaformerpp.ops import (
+    RopeGrid,
+    apply_rope,
+    available_backends,
+    pola_attention,
+    pola_rope_factors,
+    pola_rope_tables,
+    rope_2d_tables,
+)
 from polaformerpp.ops.rope import _rotates_as_complex, apply_rope_2d
 
 

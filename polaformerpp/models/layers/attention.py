@@ -37,8 +37,9 @@ __all__ = ['GatedAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention', 'bui
 class GatedAttention(nn.Module):
     """Projections shared by both token mixers: ``in_proj``, ``lepe`` and ``proj``.
 
-    Subclasses implement ``forward`` as ``split_heads`` -> attention over the
-    heads, plus ``lepe_tokens``, times the gate -> ``proj``.
+    Subclasses implement :meth:`features` as ``split_heads`` -> attention over
+    the heads, plus ``lepe_tokens``, times the gate; ``forward`` applies ``proj``
+    to them (a block may instead fold ``proj`` into its residual).
 
     Args:
         embed_dims (int): channels C.
@@ -57,6 +58,15 @@ class GatedAttention(nn.Module):
         self.lepe = nn.Conv2d(embed_dims, embed_dims, lepe_kernel_size,
                               padding=lepe_kernel_size // 2, groups=embed_dims)
         self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C) -> (B, H, W, C)``: ``proj`` of :meth:`features`."""
+        B, H, W, C = x.shape
+        return linear_act(self.proj, None, self.features(x)).view(B, H, W, C)
+
+    def features(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C) -> (B, N, C)``: the gated attention output, what ``proj`` reads."""
+        raise NotImplementedError
 
     def split_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Project ``x`` and split it into heads: :meth:`split_projection` of ``in_proj(x)``."""
@@ -118,20 +128,19 @@ class PolaLinearAttention(GatedAttention):
         self.temp_same = nn.Parameter(torch.zeros(num_heads, 2 * self.head_dim))
         self.temp_opp = nn.Parameter(torch.zeros(num_heads, 2 * self.head_dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``(B, H, W, C) -> (B, H, W, C)``."""
+    def features(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C) -> (B, N, C)``."""
         B, H, W, C = x.shape
         proj = linear_act(self.in_proj, None, x)
         rope = RopeGrid(H, W) if self.use_rope else None  # the backends build the rotation
         if fused_training_applies(x, self.backend):
             out = self.fused_training_forward(proj, rope)
             if out is not None:
-                return linear_act(self.proj, None, out).view(B, H, W, C)
+                return out
         q, k, v, gate, v_image = self.split_projection(proj)
-        out = pola_attention_gated(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
-                                   self.lepe_tokens(v_image), gate.reshape(B, H * W, C), rope=rope,
-                                   backend=self.backend, lepe_writable=True)
-        return linear_act(self.proj, None, out).view(B, H, W, C)
+        return pola_attention_gated(q, k, v, self.temp_same.sigmoid(), self.temp_opp.sigmoid(),
+                                    self.lepe_tokens(v_image), gate.reshape(B, H * W, C), rope=rope,
+                                    backend=self.backend, lepe_writable=True)
 
     def fused_training_forward(self, proj: Tensor, rope: Optional[RopeGrid]) -> Optional[Tensor]:
         """The step from the projection to ``(B, N, C)`` as one Function
@@ -166,8 +175,8 @@ class RoPESoftmaxAttention(GatedAttention):
                              f'multiple of 4 for the 2-D RoPE of softmax attention')
         self.use_rope = use_rope
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``(B, H, W, C) -> (B, H, W, C)``."""
+    def features(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C) -> (B, N, C)``."""
         B, H, W, C = x.shape
         q, k, v, gate, v_image = self.split_heads(x)
         if self.use_rope:
@@ -175,10 +184,9 @@ class RoPESoftmaxAttention(GatedAttention):
         out = F.scaled_dot_product_attention(q, k, v)
         lepe, gate = self.lepe_tokens(v_image), gate.reshape(B, H * W, C)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (out, lepe, gate)):
-            out = gated_output(out, lepe, gate)
-        else:  # in place on the fresh merged heads (sdpa's backward would need its output)
-            out = out.transpose(1, 2).reshape(B, H * W, C).add_(lepe).mul_(gate)
-        return linear_act(self.proj, None, out).view(B, H, W, C)
+            return gated_output(out, lepe, gate)
+        # in place on the fresh merged heads (sdpa's backward would need its output)
+        return out.transpose(1, 2).reshape(B, H * W, C).add_(lepe).mul_(gate)
 
 
 def build_token_mixer(attn_type: str, embed_dims: int, num_heads: int, backend: str = 'auto') -> nn.Module:

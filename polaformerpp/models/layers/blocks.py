@@ -5,6 +5,7 @@ from mmcv.cnn.bricks import DropPath
 from torch import Tensor
 
 from polaformerpp.ops.depthwise import depthwise_conv2d
+from polaformerpp.ops.linear_residual import drop_path_scales, linear_residual_kernel_applies, linear_scaled_residual
 
 from .attention import build_token_mixer
 from .fused import conv_bn_act, inference_fusable, linear_act, linear_output_bytes
@@ -54,8 +55,11 @@ class ConvFFN(nn.Module):
         if (inference_fusable(x, self) and x.is_contiguous()
                 and linear_output_bytes(x, self.fc1) >= FFN_ROW_BLOCKS_FROM_BYTES):
             return self.forward_in_row_blocks(x)
-        x = linear_act(self.fc1, self.act, x)
-        return linear_act(self.fc2, None, conv_residual(self.dwconv, x))
+        return linear_act(self.fc2, None, self.features(x))
+
+    def features(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C) -> (B, H, W, F)``: the hidden tokens ``fc2`` reads."""
+        return conv_residual(self.dwconv, linear_act(self.fc1, self.act, x))
 
     def forward_in_row_blocks(self, x: Tensor, block_bytes: int = FFN_BLOCK_BYTES) -> Tensor:
         """:meth:`forward` one block of image rows at a time (inference; ``x`` contiguous ``(B, H, W, C)``).
@@ -169,5 +173,18 @@ class PolaFormerBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, H, W, C) -> (B, H, W, C)``."""
         x = conv_residual(self.cpe, x)
+        if linear_residual_kernel_applies(x, x, self.attn.proj.weight, self.attn.proj.bias, self.gamma1):
+            # CPU training: each branch's output product, bias, layer scale and residual in one Function
+            x = self.linear_residual(x, self.attn.features(self.norm1(x)), self.attn.proj, self.gamma1)
+            return self.linear_residual(x, self.ffn.features(self.norm2(x)), self.ffn.fc2, self.gamma2)
         x = self.scaled_residual(x, self.attn(self.norm1(x)), self.gamma1)
         return self.scaled_residual(x, self.ffn(self.norm2(x)), self.gamma2)
+
+    def linear_residual(self, x: Tensor, features: Tensor, linear: nn.Linear, gamma: Tensor) -> Tensor:
+        """``x + drop_path(gamma * linear(features))``, as one
+        :func:`~polaformerpp.ops.linear_residual.linear_scaled_residual`."""
+        scales = None
+        if self.training and self.drop_path.drop_prob > 0:
+            scales = drop_path_scales(x.shape[0], self.drop_path.drop_prob, x)
+        return linear_scaled_residual(x, features.reshape(*x.shape[:-1], -1), linear.weight, linear.bias, gamma,
+                                      scales)

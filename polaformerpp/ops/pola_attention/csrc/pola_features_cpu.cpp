@@ -1128,6 +1128,12 @@ torch::Tensor bias_gelu(const torch::Tensor& h, const c10::optional<torch::Tenso
 std::tuple<torch::Tensor, c10::optional<torch::Tensor>> bias_gelu_backward(
         const torch::Tensor& grad_y, const torch::Tensor& h, const c10::optional<torch::Tensor>& bias,
         bool bias_grad);
+torch::Tensor scaled_residual(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& bias,
+                              const torch::Tensor& gamma, const c10::optional<torch::Tensor>& sample_scale,
+                              int64_t rows_per_sample);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> scaled_residual_backward(
+        const torch::Tensor& grad, const torch::Tensor& h, const torch::Tensor& bias, const torch::Tensor& gamma,
+        const c10::optional<torch::Tensor>& sample_scale, int64_t rows_per_sample);
 }  // namespace polaformerpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1155,6 +1161,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("bias_gelu_backward", &polaformerpp::bias_gelu_backward,
           "dh = dy * gelu'(h + bias), and the bias gradient (its column sums) when asked", py::arg("grad_y"),
           py::arg("h"), py::arg("bias") = py::none(), py::arg("bias_grad") = false);
+    m.def("scaled_residual", &polaformerpp::scaled_residual, "out = x + s_b gamma (h + bias) for (rows, C) x, h",
+          py::arg("x"), py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
+          py::arg("rows_per_sample") = 1);
+    m.def("scaled_residual_backward", &polaformerpp::scaled_residual_backward,
+          "dh = s_b gamma dy and the column sums dbias = sum dh, dgamma = sum s_b dy (h + bias)", py::arg("grad"),
+          py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
+          py::arg("rows_per_sample") = 1);
     m.def("abs_max", &abs_max, "max |t| (NaN when any element is NaN or infinite)", py::arg("t"));
     m.def("key_state", &key_state, "the fused key pass: state S, key mean, RoPE pairs ok", py::arg("k"),
           py::arg("v"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),

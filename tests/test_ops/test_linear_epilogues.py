@@ -1,9 +1,11 @@
-"""The CPU training form of gelu(linear(x)) against autograd of the plain form."""
+"""The CPU training forms of gelu(linear(x)) and of the layer-scale residual after a product,
+against autograd of their plain forms."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from polaformerpp.ops.linear_gelu import linear_gelu, linear_gelu_kernel_applies
+from polaformerpp.ops.linear_residual import drop_path_scales, linear_residual_kernel_applies, linear_scaled_residual
 from polaformerpp.ops.pola_attention.cpu import kernels
 
 pytestmark = pytest.mark.skipif(kernels is None, reason='the CPU kernels are not built')
@@ -44,3 +46,35 @@ def test_linear_gelu_plain_form_outside_cpu_training():
     assert not linear_gelu_kernel_applies(x, weight.detach())
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert not linear_gelu_kernel_applies(x, weight)
+
+
+@pytest.mark.parametrize('channels', [24, 13])  # a multiple of the 8 lanes, and a tail
+@pytest.mark.parametrize('drop', [False, True])
+@pytest.mark.parametrize('frozen_gamma', [False, True])
+def test_linear_scaled_residual_equals_autograd_of_the_plain_form(channels, drop, frozen_gamma):
+    gen = torch.Generator().manual_seed(channels)
+    x = torch.randn(4, 3, 5, channels, generator=gen).requires_grad_()
+    features = torch.randn(4, 3, 5, 10, generator=gen).requires_grad_()
+    weight = torch.randn(channels, 10, generator=gen).requires_grad_()
+    bias = torch.randn(channels, generator=gen).requires_grad_()
+    gamma = torch.rand(channels, generator=gen).requires_grad_(not frozen_gamma)
+    scales = torch.tensor([2.0, 0.0, 2.0, 2.0]) if drop else None
+    grad = torch.randn(4, 3, 5, channels, generator=gen)
+    params = [t for t in (x, features, weight, bias, gamma) if t.requires_grad]
+    assert linear_residual_kernel_applies(x, features, weight, bias, gamma)
+    out = linear_scaled_residual(x, features, weight, bias, gamma, scales)
+    branch = gamma * F.linear(features, weight, bias)
+    expected = x + (branch * scales.view(-1, 1, 1, 1) if drop else branch)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(expected, params, grad)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_drop_path_scales_draw_as_mmcv():
+    from mmcv.cnn.bricks.drop import drop_path
+    ones = torch.ones(64, 1, 1)
+    torch.manual_seed(3)
+    expected = drop_path(ones, 0.3, training=True).flatten()
+    torch.manual_seed(3)
+    torch.testing.assert_close(drop_path_scales(64, 0.3, ones), expected)
+    assert 0 < int((expected == 0).sum()) < 64
