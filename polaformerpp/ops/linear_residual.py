@@ -6,10 +6,12 @@ product. On the CPU under autograd (fp32) the product runs without its bias
 compiled kernel ``scaled_residual`` forms ``x + s_b gamma (h + bias)`` in one
 pass; the backward's kernel ``scaled_residual_backward`` forms the product's
 gradient and sums the bias and layer-scale gradients in the same pass, where
-autograd takes two products, a broadcast sum and the bias sum. ``s_b`` is
-the stochastic-depth scale of sample ``b``, drawn as mmcv's ``DropPath``
-draws it (same random numbers). Everywhere else it is the plain form, which
-the tests hold the kernels to.
+autograd takes two products, a broadcast sum and the bias sum. Where nothing
+records gradients the kernel writes in place into the product's fresh output.
+``s_b`` is the stochastic-depth scale of sample ``b``, drawn as mmcv's
+``DropPath`` draws it (same random numbers). Everywhere else (other devices
+and dtypes, tracing, autocast) it is the plain form, which the tests hold the
+kernels to.
 """
 from typing import Optional
 
@@ -48,7 +50,12 @@ def linear_scaled_residual(x: Tensor, features: Tensor, weight: Tensor, bias: Te
         Tensor: shaped like ``x``.
     """
     if linear_residual_kernel_applies(x, features, weight, bias, gamma):
-        return _LinearScaledResidualCPU.apply(x, features, weight, bias, gamma, sample_scale)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (x, features, weight, bias, gamma)):
+            return _LinearScaledResidualCPU.apply(x, features, weight, bias, gamma, sample_scale)
+        h = torch.mm(features.reshape(-1, features.shape[-1]), weight.t())
+        kernels.scaled_residual(x.reshape(-1, x.shape[-1]), h, bias.contiguous(), gamma.contiguous(), sample_scale,
+                                h.shape[0] // x.shape[0], out=h)
+        return h.view(x.shape)
     branch = gamma * F.linear(features, weight, bias)
     if sample_scale is not None:
         branch = branch * sample_scale.view(-1, *([1] * (branch.dim() - 1)))
@@ -57,13 +64,12 @@ def linear_scaled_residual(x: Tensor, features: Tensor, weight: Tensor, bias: Te
 
 def linear_residual_kernel_applies(x: Tensor, features: Tensor, weight: Tensor, bias: Optional[Tensor],
                                    gamma: Tensor) -> bool:
-    """CPU fp32 tensors of which one records gradients, a bias, kernels built, not traced, no autocast."""
-    if (kernels is None or not hasattr(kernels, 'scaled_residual') or bias is None or not torch.is_grad_enabled()
-            or is_tracing() or torch.is_autocast_enabled('cpu')):
+    """CPU fp32 tensors, a bias, the kernels built, not traced, no autocast."""
+    if (kernels is None or not hasattr(kernels, 'scaled_residual') or bias is None or is_tracing()
+            or torch.is_autocast_enabled('cpu')):
         return False
     tensors = (x, features, weight, bias, gamma)
-    return (any(t.requires_grad for t in tensors)
-            and all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors)
+    return (all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors)
             and x.shape[-1] == weight.shape[0] == bias.shape[-1] == gamma.shape[-1]
             and features.shape[-1] == weight.shape[1] and x.shape[:-1] == features.shape[:-1])
 

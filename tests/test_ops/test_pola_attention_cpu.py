@@ -159,6 +159,7 @@ def float64_gradients(leaves, grad_out, rope, eps=1e-6):
     (2, 3, 65, 12, 12, 'grid'),   # N one past a kernel block of 64 rows
     (2, 2, 200, 16, 10, 'none'),  # dv != d
     (1, 2, 300, 64, 64, 'tables'),
+    (1, 1, 1100, 8, 8, 'grid'),   # three blocks of 512 tokens in the fused passes, split over threads
 ])
 def test_gradients_match_float64_autograd(B, h, N, d, dv, rope_form):
     """The analytic backward against autograd of the eager backend in float64, every input's gradient."""
@@ -176,7 +177,8 @@ def test_gradients_match_float64_autograd(B, h, N, d, dv, rope_form):
 
 
 def test_backward_in_token_chunks_reads_strided_views():
-    """Chunks that do not divide N, on (B, h, N, d) views of one packed projection, and a strided output gradient."""
+    """Chunks that do not divide N (and the block-fused passes), on (B, h, N, d) views of one packed
+    projection, and a strided output gradient."""
     from polaformerpp.ops.pola_attention.common import as_rope_halves
     from polaformerpp.ops.pola_attention.cpu import pola_attention_cpu_with_state
     from polaformerpp.ops.pola_attention.cpu_backward import pola_attention_cpu_backward
@@ -190,7 +192,7 @@ def test_backward_in_token_chunks_reads_strided_views():
     out, state, key_mean, shifted = pola_attention_cpu_with_state(q, k, v, ts, to, rope, 1e-6)
     assert not shifted
     expected = float64_gradients((q, k, v, ts, to), grad_out, RopeGrid(7, 10))
-    for chunk in (13, 64, 4096):
+    for chunk in (None, 13, 64, 4096):
         grads = pola_attention_cpu_backward(grad_out, q, k, v, ts, to, out, state, key_mean, rope, 1e-6, chunk)
         for actual, reference in zip(grads, expected):
             assert_close_rel(actual, reference, 5e-6)

@@ -52,10 +52,14 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden_dims, embed_dims)
 
     def forward(self, x: Tensor) -> Tensor:
-        if (inference_fusable(x, self) and x.is_contiguous()
-                and linear_output_bytes(x, self.fc1) >= FFN_ROW_BLOCKS_FROM_BYTES):
+        if self.takes_row_blocks(x):
             return self.forward_in_row_blocks(x)
         return linear_act(self.fc2, None, self.features(x))
+
+    def takes_row_blocks(self, x: Tensor) -> bool:
+        """Whether :meth:`forward` goes through :meth:`forward_in_row_blocks` (CPU inference, large maps)."""
+        return (inference_fusable(x, self) and x.is_contiguous()
+                and linear_output_bytes(x, self.fc1) >= FFN_ROW_BLOCKS_FROM_BYTES)
 
     def features(self, x: Tensor) -> Tensor:
         """``(B, H, W, C) -> (B, H, W, F)``: the hidden tokens ``fc2`` reads."""
@@ -130,9 +134,13 @@ class PolaFormerBlock(nn.Module):
         x = x + drop_path(gamma1 * attn(norm1(x)))
         x = x + drop_path(gamma2 * ffn(norm2(x)))
 
-    Where stochastic depth is off (eval mode or rate 0) each layer-scale
-    residual is one fused pass (``addcmul``), written into the branch's
-    fresh output when autograd does not record.
+    On the CPU in fp32 each branch's output product (``attn.proj``,
+    ``ffn.fc2``) folds into its residual: the product without its bias, then
+    bias, layer scale, stochastic depth and residual in one compiled pass (and
+    one in the backward; :func:`~polaformerpp.ops.linear_residual.linear_scaled_residual`).
+    Elsewhere, where stochastic depth is off (eval mode or rate 0), each
+    layer-scale residual is one ``addcmul``, written into the branch's fresh
+    output when autograd does not record.
 
     Args:
         embed_dims (int): channels C.
@@ -174,9 +182,13 @@ class PolaFormerBlock(nn.Module):
         """``(B, H, W, C) -> (B, H, W, C)``."""
         x = conv_residual(self.cpe, x)
         if linear_residual_kernel_applies(x, x, self.attn.proj.weight, self.attn.proj.bias, self.gamma1):
-            # CPU training: each branch's output product, bias, layer scale and residual in one Function
+            # CPU fp32: each branch's output product, bias, layer scale and residual in one pass
+            # (the FFN's row blocks of large inference maps keep their own product)
             x = self.linear_residual(x, self.attn.features(self.norm1(x)), self.attn.proj, self.gamma1)
-            return self.linear_residual(x, self.ffn.features(self.norm2(x)), self.ffn.fc2, self.gamma2)
+            branch_input = self.norm2(x)
+            if self.ffn.takes_row_blocks(branch_input):
+                return self.scaled_residual(x, self.ffn(branch_input), self.gamma2)
+            return self.linear_residual(x, self.ffn.features(branch_input), self.ffn.fc2, self.gamma2)
         x = self.scaled_residual(x, self.attn(self.norm1(x)), self.gamma1)
         return self.scaled_residual(x, self.ffn(self.norm2(x)), self.gamma2)
 

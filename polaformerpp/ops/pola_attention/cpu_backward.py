@@ -13,13 +13,17 @@ and output gradient ``g_s``)::
     dphi_k  = R^T(v dS^T) / N + dm / N,          dv = R(phi_k) dS / N
 
 and through ``phi = exp(relu(x)) - 1`` (slope ``phi + 1`` on the active
-exponents, zero elsewhere) to ``q``, ``k`` and the temperatures. Two passes
-over token chunks, queries then keys; in each the compiled kernels rebuild the
-feature rows (``query_features``, ``key_features``) and finish every row's
-derivatives (``query_grads``, ``key_grads``: one pass, nothing per element
-stored), and the four products between them are batched matmuls. Autograd of
-the eager backend instead records several dozen elementwise operations per
-chunk and keeps their results.
+exponents, zero elsewhere) to ``q``, ``k`` and the temperatures. Two passes,
+queries then keys. For head dims that are a multiple of 8 each pass is one
+kernel (``query_backward``, ``key_backward``): per block of tokens and head
+on one thread it rebuilds the feature rows in a buffer, runs the products
+with them there (sgemm) and finishes every row's derivatives while the block
+is in cache. Otherwise the passes go over token chunks: the kernels rebuild
+the feature rows (``query_features``, ``key_features``) and finish every
+row's derivatives (``query_grads``, ``key_grads``), and the four products
+between them are batched matmuls. Autograd of the eager backend instead
+records several dozen elementwise operations per chunk and keeps their
+results.
 
 It serves inputs in the shift-free exponent range (:func:`~.common.needs_exponent_shift`
 is false, the case of trained networks); the dispatcher sends the others to
@@ -84,7 +88,9 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
         grad_out, out: ``(B, h, N, dv)``; q, k: ``(B, h, N, d)``; v: ``(B, h, N, dv)``.
         temp_same, temp_opp: ``(h, 2d)``.
         state: ``(B, h, 2d, dv)`` and key_mean ``(B, h, 2d)``, fp32, from the forward (unshifted).
-        chunk_size: tokens per step (default: :func:`~.common.chunk_tokens`).
+        chunk_size: tokens per step of the chunked passes (default: :func:`~.common.chunk_tokens`); by
+            default, head dims that are a multiple of 8 take the block-fused passes
+            (``query_backward``, ``key_backward``) instead.
         grad_qkv: fp32 tensors shaped like ``q, k, v`` (any strides with a contiguous
             last dim, e.g. views of one packed gradient) that receive the gradients of
             ``q, k, v``; fresh tensors by default.
@@ -101,6 +107,16 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
 
     grad_q, grad_k, grad_v = grad_qkv if grad_qkv is not None else (q.new_empty(q.shape), k.new_empty(k.shape),
                                                                     v.new_empty(v.shape))
+    if chunk_size is None and head_dim % 8 == 0 and hasattr(kernels, 'query_backward'):
+        # both passes block-fused in the kernels (vector rows): nothing per chunk reaches memory
+        rows = rope_rows(0, num_tokens)[:5]
+        grad_state, mean_parts, temp_parts = kernels.query_backward(
+            q, signed_temps, key_mean, state.contiguous(), *rows, float(eps), grad_out, out, grad_q)
+        grad_state = grad_state.div_(num_tokens).contiguous()
+        grad_mean = (mean_parts.sum(2) / num_tokens).contiguous()
+        kernels.key_backward(k, v, grad_state, grad_mean, *rows, grad_k, grad_v)
+        return _temperature_grads(grad_q, grad_k, grad_v, temp_parts.sum(dim=(0, 2)), dtypes)
+
     # pass 1, queries: dq, dS, dm and d(signed temps)
     grad_state = torch.zeros_like(state)
     grad_mean = torch.zeros_like(key_mean)
@@ -135,7 +151,12 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
         grad_rot = v[..., start:stop, :] @ grad_state_t
         kernels.key_grads(k[..., start:stop, :], *rows, grad_rot, grad_mean, grad_k[..., start:stop, :])
 
-    # signed rows [ts[:d], -ts[d:], -to[:d], to[d:]] -> the temperatures
+    return _temperature_grads(grad_q, grad_k, grad_v, grad_temps, dtypes)
+
+
+def _temperature_grads(grad_q, grad_k, grad_v, grad_temps, dtypes):
+    """The gradients in their inputs' dtypes, the signed rows ``[ts[:d], -ts[d:], -to[:d], to[d:]]``
+    of ``grad_temps`` ``(h, 4, d)`` turned into the two temperatures'."""
     grad_same = torch.cat([grad_temps[:, 0], -grad_temps[:, 1]], dim=-1)
     grad_opp = torch.cat([-grad_temps[:, 2], grad_temps[:, 3]], dim=-1)
     return tuple(g.to(dtype) for g, dtype in zip((grad_q, grad_k, grad_v, grad_same, grad_opp), dtypes))

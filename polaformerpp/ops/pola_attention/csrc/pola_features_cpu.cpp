@@ -1118,6 +1118,162 @@ void readout(const torch::Tensor& q, const torch::Tensor& signed_temps, const to
     });
 }
 
+// ---- block-fused backward (vector rows, d a multiple of kLanes) ----
+// The two passes of ../cpu_backward.py per block of tokens on one thread: the feature
+// rows are rebuilt in a per-thread buffer, multiplied there (sgemm) and finished row by
+// row while in cache; no feature row, product or chunk reaches memory.
+
+// The query pass: per block of kQueryBlockRows tokens of (b, h), F_s = R(phi_s) / den_s,
+// dS_s += F_s^T g_s, G_s = g_s S_s^T, then query_grad_row_vec per token (dq into grad_q).
+// grad_out, out (B, h, n, dv); state (B, h, 2d, dv) contiguous. Returns the un-normalised
+// dS (B, h, 2d, dv) and the partial sums of dm (B, h, splits, 2d) and of d(signed temps)
+// (B, h, splits, 4, d).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
+        const torch::Tensor& q, const torch::Tensor& signed_temps, const torch::Tensor& key_mean,
+        const torch::Tensor& state, const c10::optional<torch::Tensor>& sin_lo,
+        const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
+        const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, double eps, const torch::Tensor& grad_out,
+        const torch::Tensor& out, torch::Tensor& grad_q) {
+    check_float_rows(q, "q", 4);
+    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+    TORCH_CHECK(d % kLanes == 0, "query_backward needs a head dim that is a multiple of ", kLanes);
+    check_query_inputs(signed_temps, key_mean, B, H, d);
+    check_float_rows(grad_out, "grad_out", 4);
+    check_float_rows(out, "out", 4);
+    check_float_rows(grad_q, "grad_q", 4);
+    const int64_t dv = out.size(3), half = dv / 2;
+    TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(0) == B && out.size(1) == H && out.size(2) == n &&
+                dv % 2 == 0, "grad_out and out must be (B, h, n, dv), dv even");
+    TORCH_CHECK(grad_q.sizes() == q.sizes(), "grad_q must have the shape of q");
+    TORCH_CHECK(state.is_contiguous() && state.scalar_type() == torch::kFloat32 &&
+                state.sizes() == torch::IntArrayRef({B, H, 2 * d, dv}), "state must be contiguous float32 (B, h, 2d, dv)");
+    check_blas_stride(grad_out.stride(2), "grad_out");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
+    const PreparedRope prepared(rope, n, d);
+    const int64_t BH = B * H, blocks = (n + kQueryBlockRows - 1) / kQueryBlockRows;
+    const int64_t splits = std::min(blocks, std::max<int64_t>(1, (2 * at::get_num_threads() + BH - 1) / BH));
+    auto partial_grad_state = torch::empty({BH, splits, 2 * d, dv}, q.options());
+    auto grad_mean = torch::zeros({BH, splits, 2 * d}, q.options());
+    auto grad_temps = torch::zeros({BH, splits, 4, d}, q.options());
+    const float* qp = q.data_ptr<float>();
+    const float* tp = signed_temps.data_ptr<float>();
+    const float* mp = key_mean.data_ptr<float>();
+    const float* sp = state.data_ptr<float>();
+    const float* gp = grad_out.data_ptr<float>();
+    const float* op = out.data_ptr<float>();
+    float* dqp = grad_q.data_ptr<float>();
+    float* dsp = partial_grad_state.data_ptr<float>();
+    float* dmp = grad_mean.data_ptr<float>();
+    float* dtp = grad_temps.data_ptr<float>();
+    const float epsf = static_cast<float>(eps);
+    at::parallel_for(0, BH * splits, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> feature(2 * d), rows_buf(kQueryBlockRows * 4 * d), grad_rot(2 * kQueryBlockRows * 2 * d),
+            den(2);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / splits, split = task % splits, b = bh / H, h = bh % H;
+            const int64_t first = split * blocks / splits, last = (split + 1) * blocks / splits;
+            const float* s = sp + bh * 2 * d * dv;
+            for (int64_t block = first; block < last; ++block) {
+                const int64_t start = block * kQueryBlockRows, stop = std::min(n, start + kQueryBlockRows);
+                const int64_t rows = stop - start;
+                const float* g = gp + b * grad_out.stride(0) + h * grad_out.stride(1) + start * grad_out.stride(2);
+                for (int64_t i = start; i < stop; ++i) {
+                    const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                    float* target = rows_buf.data() + (i - start) * 4 * d;
+                    query_row_vec(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
+                                  mp + bh * 2 * d, prepared.present ? &r : nullptr, d, epsf, target, den.data());
+                    scale_rows(target, 2 * d, den.data());
+                }
+                for (int64_t stream = 0; stream < 2; ++stream) {
+                    // dS_s (2d, dv/2) (+)= F_s^T g_s;  G_s (rows, 2d) = g_s S_s^T
+                    matmul_rows(true, false, 2 * d, half, rows, rows_buf.data() + stream * 2 * d, 4 * d,
+                                g + stream * half, grad_out.stride(2), block == first ? 0.0f : 1.0f,
+                                dsp + task * 2 * d * dv + stream * half, dv);
+                    matmul_rows(false, true, rows, 2 * d, half, g + stream * half, grad_out.stride(2),
+                                s + stream * half, dv, 0.0f, grad_rot.data() + stream * kQueryBlockRows * 2 * d,
+                                2 * d);
+                }
+                for (int64_t i = start; i < stop; ++i) {
+                    const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                    query_grad_row_vec(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
+                                       mp + bh * 2 * d, prepared.present ? &r : nullptr, d, dv, epsf,
+                                       gp + b * grad_out.stride(0) + h * grad_out.stride(1) + i * grad_out.stride(2),
+                                       op + b * out.stride(0) + h * out.stride(1) + i * out.stride(2),
+                                       grad_rot.data() + (i - start) * 2 * d, kQueryBlockRows * 2 * d,
+                                       feature.data(),
+                                       dqp + b * grad_q.stride(0) + h * grad_q.stride(1) + i * grad_q.stride(2),
+                                       dmp + task * 2 * d, dtp + task * 4 * d);
+                }
+            }
+        }
+    });
+    auto grad_state = splits == 1 ? partial_grad_state.squeeze(1) : partial_grad_state.sum(1);
+    return {grad_state.view({B, H, 2 * d, dv}), grad_mean.view({B, H, splits, 2 * d}),
+            grad_temps.view({B, H, splits, 4, d})};
+}
+
+// The key pass: per block of kKeyBlockRows tokens of (b, h), F = R(phi_k),
+// dv = F dS (straight into grad_v's rows), G = v dS^T, then key_grad_row_vec per token
+// (dk into grad_k). grad_state (B, h, 2d, dv) and grad_mean (B, h, 2d), contiguous, are
+// dS / n and dm / n.
+void key_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& grad_state,
+                  const torch::Tensor& grad_mean, const c10::optional<torch::Tensor>& sin_lo,
+                  const c10::optional<torch::Tensor>& cos_lo, const c10::optional<torch::Tensor>& sin_hi,
+                  const c10::optional<torch::Tensor>& cos_hi, int64_t grid_width, torch::Tensor& grad_k,
+                  torch::Tensor& grad_v) {
+    check_float_rows(k, "k", 4);
+    check_float_rows(v, "v", 4);
+    check_float_rows(grad_k, "grad_k", 4);
+    check_float_rows(grad_v, "grad_v", 4);
+    const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3), dv = v.size(3);
+    TORCH_CHECK(d % kLanes == 0, "key_backward needs a head dim that is a multiple of ", kLanes);
+    TORCH_CHECK(v.size(0) == B && v.size(1) == H && v.size(2) == n, "v must be (B, h, n, dv) like k");
+    TORCH_CHECK(grad_k.sizes() == k.sizes() && grad_v.sizes() == v.sizes(), "grad_k, grad_v must be shaped like k, v");
+    TORCH_CHECK(grad_state.is_contiguous() && grad_state.scalar_type() == torch::kFloat32 &&
+                grad_state.sizes() == torch::IntArrayRef({B, H, 2 * d, dv}),
+                "grad_state must be contiguous float32 (B, h, 2d, dv)");
+    TORCH_CHECK(grad_mean.is_contiguous() && grad_mean.scalar_type() == torch::kFloat32 &&
+                grad_mean.sizes() == torch::IntArrayRef({B, H, 2 * d}), "grad_mean must be contiguous float32 (B, h, 2d)");
+    check_blas_stride(v.stride(2), "v");
+    check_blas_stride(grad_v.stride(2), "grad_v");
+    const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
+    const PreparedRope prepared(rope, n, d);
+    const int64_t blocks = (n + kKeyBlockRows - 1) / kKeyBlockRows;
+    const float* kp = k.data_ptr<float>();
+    const float* vp = v.data_ptr<float>();
+    const float* dsp = grad_state.data_ptr<float>();
+    const float* dmp = grad_mean.data_ptr<float>();
+    float* dkp = grad_k.data_ptr<float>();
+    float* dvp = grad_v.data_ptr<float>();
+    at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> rows_buf(kKeyBlockRows * 2 * d), grad_rot(kKeyBlockRows * 2 * d), feature_sum(2 * d);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / blocks, block = task % blocks, b = bh / H, h = bh % H;
+            const int64_t start = block * kKeyBlockRows, stop = std::min(n, start + kKeyBlockRows);
+            const int64_t rows = stop - start;
+            for (int64_t i = start; i < stop; ++i) {
+                const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                key_row_vec(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2), prepared.present ? &r : nullptr,
+                            d, feature_sum.data(), rows_buf.data() + (i - start) * 2 * d);
+            }
+            const float* ds = dsp + bh * 2 * d * dv;
+            // dv rows (rows, dv) = F dS;  G (rows, 2d) = v dS^T
+            matmul_rows(false, false, rows, dv, 2 * d, rows_buf.data(), 2 * d, ds, dv, 0.0f,
+                        dvp + b * grad_v.stride(0) + h * grad_v.stride(1) + start * grad_v.stride(2),
+                        grad_v.stride(2));
+            matmul_rows(false, true, rows, 2 * d, dv, vp + b * v.stride(0) + h * v.stride(1) + start * v.stride(2),
+                        v.stride(2), ds, dv, 0.0f, grad_rot.data(), 2 * d);
+            for (int64_t i = start; i < stop; ++i) {
+                const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                key_grad_row_vec(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2),
+                                 prepared.present ? &r : nullptr, d, grad_rot.data() + (i - start) * 2 * d,
+                                 dmp + bh * 2 * d,
+                                 dkp + b * grad_k.stride(0) + h * grad_k.stride(1) + i * grad_k.stride(2));
+            }
+        }
+    });
+}
+
 }  // namespace
 
 namespace polaformerpp {
@@ -1130,7 +1286,7 @@ std::tuple<torch::Tensor, c10::optional<torch::Tensor>> bias_gelu_backward(
         bool bias_grad);
 torch::Tensor scaled_residual(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& bias,
                               const torch::Tensor& gamma, const c10::optional<torch::Tensor>& sample_scale,
-                              int64_t rows_per_sample);
+                              int64_t rows_per_sample, const c10::optional<torch::Tensor>& out);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> scaled_residual_backward(
         const torch::Tensor& grad, const torch::Tensor& h, const torch::Tensor& bias, const torch::Tensor& gamma,
         const c10::optional<torch::Tensor>& sample_scale, int64_t rows_per_sample);
@@ -1163,7 +1319,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("h"), py::arg("bias") = py::none(), py::arg("bias_grad") = false);
     m.def("scaled_residual", &polaformerpp::scaled_residual, "out = x + s_b gamma (h + bias) for (rows, C) x, h",
           py::arg("x"), py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
-          py::arg("rows_per_sample") = 1);
+          py::arg("rows_per_sample") = 1, py::arg("out") = py::none());
     m.def("scaled_residual_backward", &polaformerpp::scaled_residual_backward,
           "dh = s_b gamma dy and the column sums dbias = sum dh, dgamma = sum s_b dy (h + bias)", py::arg("grad"),
           py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
@@ -1172,6 +1328,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("key_state", &key_state, "the fused key pass: state S, key mean, RoPE pairs ok", py::arg("k"),
           py::arg("v"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),
           py::arg("grid_width"));
+    m.def("query_backward", &query_backward,
+          "the block-fused query pass of the backward: dq into grad_q; dS, partial sums of dm and d(signed temps)",
+          py::arg("q"), py::arg("signed_temps"), py::arg("key_mean"), py::arg("state"), py::arg("sin_lo"),
+          py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("eps"),
+          py::arg("grad_out"), py::arg("out"), py::arg("grad_q"));
+    m.def("key_backward", &key_backward, "the block-fused key pass of the backward: dk and dv into grad_k, grad_v",
+          py::arg("k"), py::arg("v"), py::arg("grad_state"), py::arg("grad_mean"), py::arg("sin_lo"),
+          py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("grad_k"),
+          py::arg("grad_v"));
     m.def("readout", &readout, "the fused query pass, written into out", py::arg("q"), py::arg("signed_temps"),
           py::arg("key_mean"), py::arg("state"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"),
           py::arg("cos_hi"), py::arg("grid_width"), py::arg("eps"), py::arg("out"), py::arg("accumulate"),

@@ -82,9 +82,10 @@ constexpr int64_t kGrainRows = 16;
 
 }  // namespace
 
+// Writes into `out` when given (rows, C) contiguous, which may be h itself (in place), else into a new tensor.
 torch::Tensor scaled_residual(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& bias,
                               const torch::Tensor& gamma, const c10::optional<torch::Tensor>& sample_scale,
-                              int64_t rows_per_sample) {
+                              int64_t rows_per_sample, const c10::optional<torch::Tensor>& out_opt) {
     check_rows(x, "x");
     check_rows(h, "h");
     TORCH_CHECK(x.sizes() == h.sizes(), "x and h must have the same shape");
@@ -92,7 +93,14 @@ torch::Tensor scaled_residual(const torch::Tensor& x, const torch::Tensor& h, co
     check_channels(bias, "bias", C);
     check_channels(gamma, "gamma", C);
     const SampleScale scale = sample_scale_of(sample_scale, rows_per_sample, rows);
-    auto out = torch::empty({rows, C}, h.options());
+    torch::Tensor out;
+    if (out_opt.has_value()) {
+        out = *out_opt;
+        TORCH_CHECK(out.is_contiguous() && out.scalar_type() == torch::kFloat32 && out.sizes() == h.sizes(),
+                    "out must be a contiguous float32 tensor shaped like h");
+    } else {
+        out = torch::empty({rows, C}, h.options());
+    }
     const float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>();
     const float *bp = bias.data_ptr<float>(), *gp = gamma.data_ptr<float>();
     float* op = out.data_ptr<float>();
