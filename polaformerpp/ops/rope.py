@@ -124,8 +124,11 @@ def apply_rope_2d(x: Tensor, height: int, width: int) -> Tensor:
     memory, each pair ``(x0, x1)`` is read as the complex number ``x0 + i x1``
     and multiplied by ``cos + i sin`` (:func:`rope_2d_rotation`): one pass
     forward and one backward (4-5x faster than the real form's five), with the
-    same values. The result keeps ``x``'s memory layout. Tracers, export and
-    other dtypes take :func:`apply_rope` (no complex tensors there).
+    same values. Under autograd the result keeps ``x``'s memory layout;
+    otherwise it is written contiguous (attention kernels read ``(B, h, N, d)``
+    heads faster contiguous than as strided views of a projection: 5% for
+    CPU flash attention at 4096 tokens). Tracers, export and other dtypes take
+    :func:`apply_rope` (no complex tensors there).
 
     Args:
         x: ``(..., N, C)`` with ``N = height * width`` (row-major) and ``C % 4 == 0``.
@@ -133,8 +136,12 @@ def apply_rope_2d(x: Tensor, height: int, width: int) -> Tensor:
     channels = x.shape[-1]
     if not _rotates_as_complex(x):
         return apply_rope(x, *rope_2d_tables(height, width, channels, device=x.device, dtype=x.dtype))
-    rotation = rope_2d_rotation(height, width, channels, device=x.device)
-    return torch.view_as_real(complex_pairs(x) * rotation.to(_COMPLEX_OF[x.dtype])).flatten(-2)
+    rotation = rope_2d_rotation(height, width, channels, device=x.device).to(_COMPLEX_OF[x.dtype])
+    if torch.is_grad_enabled() and x.requires_grad:
+        return torch.view_as_real(complex_pairs(x) * rotation).flatten(-2)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.mul(complex_pairs(x), rotation, out=complex_pairs(out))
+    return out
 
 
 def rope_2d_rotation(height: int, width: int, channels: int, device=None) -> Tensor:

@@ -185,8 +185,9 @@ class RoPESoftmaxAttention(GatedAttention):
         lepe, gate = self.lepe_tokens(v_image), gate.reshape(B, H * W, C)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (out, lepe, gate)):
             return gated_output(out, lepe, gate)
-        # in place on the fresh merged heads (sdpa's backward would need its output)
-        return out.transpose(1, 2).reshape(B, H * W, C).add_(lepe).mul_(gate)
+        # in place on the conv's fresh output, in the token layout (sdpa's backward would need its output)
+        lepe.view(B, H * W, self.num_heads, self.head_dim).add_(out.transpose(1, 2))
+        return lepe.mul_(gate)
 
 
 def build_token_mixer(attn_type: str, embed_dims: int, num_heads: int, backend: str = 'auto') -> nn.Module:
