@@ -927,6 +927,12 @@ void check_blas_stride(int64_t stride, const char* name) {
 constexpr int64_t kKeyBlockRows = 512;
 constexpr int64_t kQueryBlockRows = 512;
 
+// Token ranges per (b, h) for passes that sum over tokens: enough tasks for every
+// thread (two each), whole blocks in each range.
+int64_t block_splits(int64_t blocks, int64_t batch_heads) {
+    return std::min(blocks, std::max<int64_t>(1, (2 * at::get_num_threads() + batch_heads - 1) / batch_heads));
+}
+
 // max |x| over `rows` rows of d (row stride `stride`); NaN when an element is NaN or
 // infinite (x * 0 is then NaN).
 POLA_MULTIVERSION
@@ -993,8 +999,7 @@ std::tuple<torch::Tensor, torch::Tensor, bool> key_state(
     check_blas_stride(v.stride(2), "v");
     const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
     const int64_t BH = B * H, blocks = (n + kKeyBlockRows - 1) / kKeyBlockRows;
-    // token ranges per (b, h): enough tasks for every thread, whole blocks each
-    const int64_t splits = std::min(blocks, std::max<int64_t>(1, (2 * at::get_num_threads() + BH - 1) / BH));
+    const int64_t splits = block_splits(blocks, BH);
     auto partial_state = torch::empty({BH, splits, dv, 2 * d}, k.options());  // transposed
     auto partial_sum = torch::zeros({BH, splits, 2 * d}, k.options());
     std::vector<char> paired(BH * splits, 1);
@@ -1151,7 +1156,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
     const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
     const PreparedRope prepared(rope, n, d);
     const int64_t BH = B * H, blocks = (n + kQueryBlockRows - 1) / kQueryBlockRows;
-    const int64_t splits = std::min(blocks, std::max<int64_t>(1, (2 * at::get_num_threads() + BH - 1) / BH));
+    const int64_t splits = block_splits(blocks, BH);
     auto partial_grad_state = torch::empty({BH, splits, 2 * d, dv}, q.options());
     auto grad_mean = torch::zeros({BH, splits, 2 * d}, q.options());
     auto grad_temps = torch::zeros({BH, splits, 4, d}, q.options());

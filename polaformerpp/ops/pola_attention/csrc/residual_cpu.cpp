@@ -78,6 +78,19 @@ void residual_grad_row(const float* dy, const float* h, const float* bias, const
     }
 }
 
+// The checks shared by both passes: `rows_in` (x or the gradient) and h (rows, C) alike,
+// bias and gamma (C), sample_scale (rows / rows_per_sample) or none.
+SampleScale check_residual_args(const torch::Tensor& rows_in, const char* name, const torch::Tensor& h,
+                                const torch::Tensor& bias, const torch::Tensor& gamma,
+                                const c10::optional<torch::Tensor>& sample_scale, int64_t rows_per_sample) {
+    check_rows(rows_in, name);
+    check_rows(h, "h");
+    TORCH_CHECK(rows_in.sizes() == h.sizes(), name, " and h must have the same shape");
+    check_channels(bias, "bias", h.size(1));
+    check_channels(gamma, "gamma", h.size(1));
+    return sample_scale_of(sample_scale, rows_per_sample, h.size(0));
+}
+
 constexpr int64_t kGrainRows = 16;
 
 }  // namespace
@@ -86,13 +99,8 @@ constexpr int64_t kGrainRows = 16;
 torch::Tensor scaled_residual(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& bias,
                               const torch::Tensor& gamma, const c10::optional<torch::Tensor>& sample_scale,
                               int64_t rows_per_sample, const c10::optional<torch::Tensor>& out_opt) {
-    check_rows(x, "x");
-    check_rows(h, "h");
-    TORCH_CHECK(x.sizes() == h.sizes(), "x and h must have the same shape");
+    const SampleScale scale = check_residual_args(x, "x", h, bias, gamma, sample_scale, rows_per_sample);
     const int64_t rows = h.size(0), C = h.size(1);
-    check_channels(bias, "bias", C);
-    check_channels(gamma, "gamma", C);
-    const SampleScale scale = sample_scale_of(sample_scale, rows_per_sample, rows);
     torch::Tensor out;
     if (out_opt.has_value()) {
         out = *out_opt;
@@ -115,13 +123,8 @@ torch::Tensor scaled_residual(const torch::Tensor& x, const torch::Tensor& h, co
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> scaled_residual_backward(
         const torch::Tensor& grad, const torch::Tensor& h, const torch::Tensor& bias, const torch::Tensor& gamma,
         const c10::optional<torch::Tensor>& sample_scale, int64_t rows_per_sample) {
-    check_rows(grad, "grad");
-    check_rows(h, "h");
-    TORCH_CHECK(grad.sizes() == h.sizes(), "grad and h must have the same shape");
+    const SampleScale scale = check_residual_args(grad, "grad", h, bias, gamma, sample_scale, rows_per_sample);
     const int64_t rows = h.size(0), C = h.size(1);
-    check_channels(bias, "bias", C);
-    check_channels(gamma, "gamma", C);
-    const SampleScale scale = sample_scale_of(sample_scale, rows_per_sample, rows);
     auto grad_h = torch::empty({rows, C}, h.options());
     const float *dp = grad.data_ptr<float>(), *hp = h.data_ptr<float>();
     const float *bp = bias.data_ptr<float>(), *gp = gamma.data_ptr<float>();
