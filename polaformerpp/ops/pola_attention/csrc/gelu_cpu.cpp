@@ -33,8 +33,9 @@ namespace polaformerpp {
 namespace {
 
 // The GELU rows run on 16 lanes (two ymm registers with AVX2, one zmm with AVX-512):
-// the formula is long enough for the width to pay, and its selects are written as
-// bit operations on the compare masks (a 16-lane `?:` compiles to scalar code for AVX2).
+// the formula is long enough for the width to pay. Its lane masks come from sign bits
+// (an arithmetic shift) and its selects are bit operations: 16-lane compares and `?:`
+// compile to scalar code with branches for AVX2.
 typedef float wfloat __attribute__((vector_size(64)));
 typedef int32_t wint __attribute__((vector_size(64)));
 constexpr int64_t kWide = 16;
@@ -49,13 +50,15 @@ POLA_INLINE void wstore(float* p, wfloat x) { std::memcpy(p, &x, sizeof x); }
 POLA_INLINE wfloat select(wint mask, wfloat a, wfloat b) {
     return (wfloat)(((wint)a & mask) | ((wint)b & ~mask));
 }
+// all ones where the sign bit of x is set (x < 0, and -0), zeros elsewhere
+POLA_INLINE wint sign_mask(wfloat x) { return (wint)x >> 31; }
 
 // exp(a) for a <= 0 (0 below -87, where it leaves the normal range; NaN propagates):
 // Cody-Waite reduction a = k ln2 + r, the integer k rounded by adding 1.5 * 2^23, and
 // the degree-7 polynomial for expm1(r).
 POLA_INLINE wfloat wexp_nonpos(wfloat a) {
     const wfloat zero = wfloat{}, magic = zero + 12582912.0f;
-    const wint low = a < zero - 87.0f;
+    const wint low = sign_mask(a + 87.0f);  // a < -87
     const wfloat x = select(low, zero - 87.0f, a);
     const wfloat t = x * 1.4426950408889634f + magic;
     const wfloat kf = t - magic;
@@ -75,7 +78,7 @@ POLA_INLINE void normal_cdf_pdf(wfloat x, wfloat& cdf, wfloat& pdf) {
                          0.254829592f) * t;
     const wfloat g = wexp_nonpos(-0.5f * x * x);
     const wfloat half_tail = 0.5f * poly * g;  // (1 - erf(z)) / 2
-    cdf = select(x < wfloat{}, half_tail, 1.0f - half_tail);
+    cdf = select(sign_mask(x), half_tail, 1.0f - half_tail);  // (-0: both are 1/2)
     pdf = g * 0.3989422804014327f;
 }
 
