@@ -114,6 +114,31 @@ def test_block_equals_its_plain_form_in_inference_and_training(attn_type):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize('attn_type', ['linear', 'softmax'])
+def test_block_modules_keep_their_hooks(attn_type):
+    """Hooks on the modules the fused forms fold (the token mixer, its output product, the FFN's
+    products and convs) fire in inference and training, and the output stays the fused one's."""
+    block = _randomised(PolaFormerBlock(32, 2, attn_type=attn_type))
+    tokens = torch.randn(2, 6, 5, 32)
+    with torch.no_grad():
+        expected = block.eval()(tokens)
+    watched = [block.attn, block.attn.in_proj, block.attn.proj, block.ffn.fc1, block.ffn.act, block.ffn.dwconv,
+               block.ffn.fc2, block.cpe]
+    calls = []
+    handles = [m.register_forward_pre_hook(lambda module, args: calls.append(module)) for m in watched]
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(block(tokens), expected, rtol=1e-5, atol=1e-5)
+        assert calls == [block.cpe, block.attn, block.attn.in_proj, block.attn.proj, block.ffn.fc1, block.ffn.act,
+                         block.ffn.dwconv, block.ffn.fc2]
+        calls.clear()
+        block.train()(tokens).sum().backward()
+        assert len(calls) == len(watched)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @pytest.mark.parametrize('act', [None, torch.nn.GELU(), torch.nn.SiLU()], ids=['none', 'gelu', 'silu'])
 @pytest.mark.parametrize('stride', [1, 2])
 def test_fused_conv_bn_act_equals_the_modules(act, stride):

@@ -8,7 +8,7 @@ from polaformerpp.ops.depthwise import depthwise_conv2d
 from polaformerpp.ops.linear_residual import drop_path_scales, linear_residual_kernel_applies, linear_scaled_residual
 
 from .attention import build_token_mixer
-from .fused import conv_bn_act, inference_fusable, linear_act, linear_output_bytes
+from .fused import conv_bn_act, has_module_hooks, inference_fusable, linear_act, linear_output_bytes
 
 __all__ = ['ConvBN', 'ConvFFN', 'PolaFormerBlock', 'conv_residual']
 
@@ -59,6 +59,7 @@ class ConvFFN(nn.Module):
     def takes_row_blocks(self, x: Tensor) -> bool:
         """Whether :meth:`forward` goes through :meth:`forward_in_row_blocks` (CPU inference, large maps)."""
         return (inference_fusable(x, self) and x.is_contiguous()
+                and not has_module_hooks(self.fc1, self.act, self.dwconv, self.fc2)
                 and linear_output_bytes(x, self.fc1) >= FFN_ROW_BLOCKS_FROM_BYTES)
 
     def features(self, x: Tensor) -> Tensor:
@@ -105,7 +106,7 @@ def conv_residual(conv: nn.Module, x: Tensor) -> Tensor:
     autograd does not record).
     """
     image = x.permute(0, 3, 1, 2)
-    if _residual_foldable(conv, x.shape[-1]):
+    if _residual_foldable(conv, x.shape[-1]) and not has_module_hooks(conv):
         return depthwise_conv2d(image, conv.weight + _centre_tap(conv.weight), conv.bias).permute(0, 2, 3, 1)
     y = conv(image).permute(0, 2, 3, 1)
     return x + y if y.requires_grad else y.add_(x)
@@ -134,8 +135,8 @@ class PolaFormerBlock(nn.Module):
         x = x + drop_path(gamma1 * attn(norm1(x)))
         x = x + drop_path(gamma2 * ffn(norm2(x)))
 
-    On the CPU in fp32 each branch's output product (``attn.proj``,
-    ``ffn.fc2``) folds into its residual: the product without its bias, then
+    On the CPU in fp32 (and with no hooks on the modules it folds) each
+    branch's output product (``attn.proj``, ``ffn.fc2``) folds into its residual: the product without its bias, then
     bias, layer scale, stochastic depth and residual in one compiled pass (and
     one in the backward; :func:`~polaformerpp.ops.linear_residual.linear_scaled_residual`).
     Elsewhere, where stochastic depth is off (eval mode or rate 0), each
@@ -181,7 +182,8 @@ class PolaFormerBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, H, W, C) -> (B, H, W, C)``."""
         x = conv_residual(self.cpe, x)
-        if linear_residual_kernel_applies(x, x, self.attn.proj.weight, self.attn.proj.bias, self.gamma1):
+        if (linear_residual_kernel_applies(x, x, self.attn.proj.weight, self.attn.proj.bias, self.gamma1)
+                and not has_module_hooks(self.attn, self.attn.proj, self.ffn, self.ffn.fc2)):
             # CPU fp32: each branch's output product, bias, layer scale and residual in one pass
             # (the FFN's row blocks of large inference maps keep their own product)
             x = self.linear_residual(x, self.attn.features(self.norm1(x)), self.attn.proj, self.gamma1)

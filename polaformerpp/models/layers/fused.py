@@ -14,7 +14,9 @@ These helpers keep such passes inside the producing kernel:
   BatchNorm folded into the conv's weight and bias (eval mode);
 * :func:`layer_norm_to_nchw`: a channels-last LayerNorm whose output is
   transposed to NCHW block by block while in cache;
-* :func:`inference_fusable`: whether a call may take those forms.
+* :func:`inference_fusable`: whether a call may take those forms;
+* :func:`has_module_hooks`: whether hooks watch a module, which then keeps
+  its plain call (the fused forms do not call the modules they fold).
 
 Everywhere else (training, autograd, other devices and dtypes, torch.compile,
 ONNX export and tracing) they compute the plain module sequence, which stays
@@ -30,8 +32,8 @@ from torch import Tensor
 from polaformerpp.ops.linear_gelu import linear_gelu, linear_gelu_kernel_applies
 from polaformerpp.ops.pola_attention.common import is_tracing
 
-__all__ = ['inference_fusable', 'linear_act', 'linear_output_bytes', 'conv_bn_act', 'fold_batch_norm',
-           'layer_norm_to_nchw']
+__all__ = ['inference_fusable', 'has_module_hooks', 'linear_act', 'linear_output_bytes', 'conv_bn_act',
+           'fold_batch_norm', 'layer_norm_to_nchw']
 
 #: outputs from this size on take the fused matmul. Measured (2 threads, fp32): where the output
 #: is large, the pass the activation saves over a fresh tensor dominates and the fused form is
@@ -67,6 +69,22 @@ def inference_fusable(x: Tensor, module: nn.Module) -> bool:
     return True
 
 
+_HOOK_DICTS = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks')
+_GLOBAL_HOOK_DICTS = tuple(f'_global{name}' for name in _HOOK_DICTS)
+
+
+def has_module_hooks(*modules: nn.Module) -> bool:
+    """Whether any of ``modules`` carries forward or backward (pre-)hooks, or global module hooks exist.
+
+    A fused form that folds a module into another pass never calls it, so its
+    hooks would not fire: where hooks watch, the modules keep their plain calls.
+    """
+    registry = torch.nn.modules.module
+    if any(getattr(registry, name, None) for name in _GLOBAL_HOOK_DICTS):
+        return True
+    return any(getattr(m, name, None) for m in modules for name in _HOOK_DICTS)
+
+
 def _post_op(act: Optional[nn.Module]) -> Optional[str]:
     """oneDNN's name for ``act`` (``'none'`` for no activation); None when it has none."""
     if act is None or isinstance(act, nn.Identity):
@@ -91,8 +109,11 @@ def linear_act(linear: nn.Linear, act: Optional[nn.Module], x: Tensor) -> Tensor
     and the output holds at least :data:`MIN_FUSED_LINEAR_OUTPUT_BYTES`; with an exact GELU
     in CPU training, :func:`~polaformerpp.ops.linear_gelu.linear_gelu`."""
     post_op = _post_op(act)
+    if post_op is None or has_module_hooks(linear, *([act] if act is not None else [])):
+        y = linear(x)
+        return y if act is None else act(y)
     # the size test last: under tracing (export with symbolic sizes) it would become a guard
-    if (post_op is not None and inference_fusable(x, linear) and x.stride(-1) == 1
+    if (inference_fusable(x, linear) and x.stride(-1) == 1
             and linear_output_bytes(x, linear) >= MIN_FUSED_LINEAR_OUTPUT_BYTES):
         return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, post_op, [],
                                                 _algorithm(post_op))
@@ -119,6 +140,7 @@ def conv_bn_act(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], act: Optional[nn.
     """
     post_op = _post_op(act)
     fusable = (post_op is not None and inference_fusable(x, conv) and (bn is None or inference_fusable(x, bn))
+               and not has_module_hooks(*(m for m in (conv, bn, act) if m is not None))
                and conv.padding_mode == 'zeros' and not isinstance(conv.padding, str)
                and (bn is None or (not bn.training and bn.running_mean is not None and bn.affine)))
     if not fusable:
