@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .pola_attention.common import is_tracing
-from .pola_attention.cpu import kernels
+from .pola_attention.cpu import cpu_kernels_apply, kernels
 
 __all__ = ['depthwise_conv2d', 'depthwise_conv2d_backward']
 
@@ -66,11 +65,7 @@ def _same_conv(image: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 def _kernel_backward_applies(image: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     tensors = [t for t in (image, weight, bias) if t is not None]
-    if kernels is None or not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
-        return False
-    if is_tracing() or torch.is_autocast_enabled('cpu'):
-        return False
-    if any(t.device.type != 'cpu' or t.dtype != torch.float32 for t in tensors):
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors) or not cpu_kernels_apply(*tensors):
         return False
     channels = image.shape[1]
     kh, kw = weight.shape[-2:]

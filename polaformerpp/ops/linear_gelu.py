@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .pola_attention.cpu import kernels
-from .tracing import is_tracing
+from .pola_attention.cpu import cpu_kernels_apply, kernels
 
 __all__ = ['linear_gelu', 'linear_gelu_kernel_applies']
 
@@ -40,12 +39,10 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Ten
 def linear_gelu_kernel_applies(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> bool:
     """CPU fp32 tensors of which one records gradients, kernels built, not traced, no autocast."""
     tensors = [t for t in (x, weight, bias) if t is not None]
-    if kernels is None or not hasattr(kernels, 'bias_gelu') or not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors) or not cpu_kernels_apply(*tensors):
         return False
-    if not any(t.requires_grad for t in tensors) or is_tracing() or torch.is_autocast_enabled('cpu'):
-        return False
-    return (all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors) and weight.dim() == 2
-            and x.shape[-1] == weight.shape[1] and (bias is None or tuple(bias.shape) == (weight.shape[0], )))
+    return (hasattr(kernels, 'bias_gelu') and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
+            and (bias is None or tuple(bias.shape) == (weight.shape[0], )))
 
 
 class _LinearGELUCPU(torch.autograd.Function):

@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .pola_attention.cpu import kernels
-from .tracing import is_tracing
+from .pola_attention.cpu import cpu_kernels_apply, kernels
 
 __all__ = ['linear_scaled_residual', 'linear_residual_kernel_applies', 'drop_path_scales']
 
@@ -65,12 +64,9 @@ def linear_scaled_residual(x: Tensor, features: Tensor, weight: Tensor, bias: Te
 def linear_residual_kernel_applies(x: Tensor, features: Tensor, weight: Tensor, bias: Optional[Tensor],
                                    gamma: Tensor) -> bool:
     """CPU fp32 tensors, a bias, the kernels built, not traced, no autocast."""
-    if (kernels is None or not hasattr(kernels, 'scaled_residual') or bias is None or is_tracing()
-            or torch.is_autocast_enabled('cpu')):
+    if bias is None or not cpu_kernels_apply(x, features, weight, bias, gamma):
         return False
-    tensors = (x, features, weight, bias, gamma)
-    return (all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors)
-            and x.shape[-1] == weight.shape[0] == bias.shape[-1] == gamma.shape[-1]
+    return (hasattr(kernels, 'scaled_residual') and x.shape[-1] == weight.shape[0] == bias.shape[-1] == gamma.shape[-1]
             and features.shape[-1] == weight.shape[1] and x.shape[:-1] == features.shape[:-1])
 
 

@@ -22,8 +22,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from polaformerpp.ops.depthwise import depthwise_conv2d, depthwise_conv2d_backward
-from polaformerpp.ops.pola_attention.common import is_tracing
-from polaformerpp.ops.pola_attention.cpu import cpu_kernels_available, pola_attention_cpu_with_state
+from polaformerpp.ops.pola_attention.cpu import cpu_kernels_apply, pola_attention_cpu_with_state
 from polaformerpp.ops.pola_attention.cpu_backward import pola_attention_cpu_backward
 from polaformerpp.ops.rope import RopeHalves
 
@@ -36,9 +35,7 @@ def fused_training_applies(x: Tensor, backend: str) -> bool:
     CPU fp32 under autograd, backend ``'auto'`` or ``'cpu'`` with the kernels
     built, not traced or compiled, no autocast.
     """
-    return (torch.is_grad_enabled() and backend in ('auto', 'cpu') and cpu_kernels_available()
-            and x.device.type == 'cpu' and x.dtype == torch.float32 and not is_tracing()
-            and not torch.is_autocast_enabled('cpu'))
+    return torch.is_grad_enabled() and backend in ('auto', 'cpu') and cpu_kernels_apply(x)
 
 
 def _heads(tokens: Tensor, heads: int) -> Tensor:

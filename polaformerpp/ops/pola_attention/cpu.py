@@ -38,6 +38,7 @@ from .common import (
     check_temperatures,
     chunk_tokens,
     exceeds_shift_free_range,
+    is_tracing,
     key_exponent_shifts,
     key_normalisation,
     needs_exponent_shift,
@@ -52,12 +53,21 @@ try:  # the private compiled extension, loaded only here
 except ImportError:  # built by tools/setup_env.sh (setup.py build_ext --inplace); needs a C++ compiler
     kernels = None
 
-__all__ = ['pola_attention_cpu', 'pola_attention_cpu_with_state', 'cpu_kernels_available', 'exponent_shift_needed']
+__all__ = ['pola_attention_cpu', 'pola_attention_cpu_with_state', 'cpu_kernels_available', 'cpu_kernels_apply',
+           'exponent_shift_needed']
 
 
 def cpu_kernels_available() -> bool:
     """Whether the compiled CPU kernels were built with this installation."""
     return kernels is not None
+
+
+def cpu_kernels_apply(*tensors: Optional[Tensor]) -> bool:
+    """Whether the compiled kernels may compute on ``tensors`` (None entries skipped): kernels built,
+    fp32 CPU tensors, not traced or compiled, no CPU autocast (the conditions every fused CPU form shares)."""
+    if kernels is None or is_tracing() or torch.is_autocast_enabled('cpu'):
+        return False
+    return all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors if t is not None)
 
 
 def float_rows(t: Tensor) -> Tensor:
