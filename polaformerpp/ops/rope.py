@@ -72,18 +72,22 @@ def rope_2d_tables(height: int, width: int, channels: int, device=None,
     Returns:
         tuple[Tensor, Tensor]: ``sin`` and ``cos``, each ``(height * width, channels)``.
     """
+    angle = _rope_2d_angles(height, width, rope_frequencies(channels, device=device))
+    return angle.sin().to(dtype), angle.cos().to(dtype)
+
+
+def _rope_2d_angles(height: int, width: int, freqs: Tensor) -> Tensor:
+    """``(height * width, 2 * len(freqs))`` fp32 angles: row index times ``freqs``, then column index times them."""
     for name, value in (('height', height), ('width', width)):
         # ints, or traced / symbolic sizes under torch.jit.trace, torch.compile and torch.export
         # (compared, not converted: int() would fix a symbolic size to its traced value)
         if isinstance(value, (bool, float)) or value < 1:
             raise ValueError(f'{name} must be a positive int, got {value!r}')
-    freqs = rope_frequencies(channels, device=device)  # (channels/2,)
-    rows = torch.arange(height, device=device, dtype=torch.float32)
-    cols = torch.arange(width, device=device, dtype=torch.float32)
+    rows = torch.arange(height, device=freqs.device, dtype=torch.float32)
+    cols = torch.arange(width, device=freqs.device, dtype=torch.float32)
     angle_h = (rows[:, None] * freqs[None, :])[:, None, :].expand(height, width, -1)
     angle_w = (cols[:, None] * freqs[None, :])[None, :, :].expand(height, width, -1)
-    angle = torch.cat([angle_h, angle_w], dim=-1).reshape(height * width, channels)
-    return angle.sin().to(dtype), angle.cos().to(dtype)
+    return torch.cat([angle_h, angle_w], dim=-1).reshape(height * width, 2 * freqs.numel())
 
 
 def pola_rope_tables(height: int, width: int, head_dim: int, device=None,
@@ -117,8 +121,8 @@ def apply_rope(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
 _COMPLEX_OF = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 
 
-def apply_rope_2d(x: Tensor, height: int, width: int) -> Tensor:
-    """``apply_rope(x, *rope_2d_tables(height, width, C))``: the 2-D RoPE of ``x`` over its token grid.
+def apply_rope_2d(height: int, width: int, *xs: Tensor) -> Tuple[Tensor, ...]:
+    """``apply_rope(x, *rope_2d_tables(height, width, C))`` for each ``x``: the 2-D RoPE over their token grid.
 
     In eager mode, for fp32/fp64 ``x`` whose channel pairs are adjacent in
     memory, each pair ``(x0, x1)`` is read as the complex number ``x0 + i x1``
@@ -128,20 +132,35 @@ def apply_rope_2d(x: Tensor, height: int, width: int) -> Tensor:
     otherwise it is written contiguous (attention kernels read ``(B, h, N, d)``
     heads faster contiguous than as strided views of a projection: 5% for
     CPU flash attention at 4096 tokens). Tracers, export and other dtypes take
-    :func:`apply_rope` (no complex tensors there).
+    :func:`apply_rope` (no complex tensors there). The tables or the rotation
+    are built once for all ``xs``.
 
     Args:
-        x: ``(..., N, C)`` with ``N = height * width`` (row-major) and ``C % 4 == 0``.
+        xs: each ``(..., N, C)``, one ``C`` for all, with ``N = height * width``
+            (row-major) and ``C % 4 == 0``.
+
+    Returns:
+        tuple[Tensor, ...]: the rotated ``xs``, in order.
     """
-    channels = x.shape[-1]
-    if not _rotates_as_complex(x):
-        return apply_rope(x, *rope_2d_tables(height, width, channels, device=x.device, dtype=x.dtype))
-    rotation = rope_2d_rotation(height, width, channels, device=x.device).to(_COMPLEX_OF[x.dtype])
-    if torch.is_grad_enabled() and x.requires_grad:
-        return torch.view_as_real(complex_pairs(x) * rotation).flatten(-2)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    torch.mul(complex_pairs(x), rotation, out=complex_pairs(out))
-    return out
+    factors, rotated = {}, []  # (form, dtype) -> the tables or the rotation
+    for x in xs:
+        complex_form = _rotates_as_complex(x)
+        key = (complex_form, x.dtype)
+        if key not in factors:
+            factors[key] = (rope_2d_rotation(height, width, x.shape[-1], device=x.device).to(_COMPLEX_OF[x.dtype])
+                            if complex_form else
+                            rope_2d_tables(height, width, x.shape[-1], device=x.device, dtype=x.dtype))
+        if not complex_form:
+            rotated.append(apply_rope(x, *factors[key]))
+            continue
+        rotation = factors[key]
+        if torch.is_grad_enabled() and x.requires_grad:
+            rotated.append(torch.view_as_real(complex_pairs(x) * rotation).flatten(-2))
+            continue
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        torch.mul(complex_pairs(x), rotation, out=complex_pairs(out))
+        rotated.append(out)
+    return tuple(rotated)
 
 
 def rope_2d_rotation(height: int, width: int, channels: int, device=None) -> Tensor:
@@ -150,13 +169,8 @@ def rope_2d_rotation(height: int, width: int, channels: int, device=None) -> Ten
     Returns:
         Tensor: ``(height * width, channels // 2)``; pair ``j`` of token ``n`` is channels ``2j, 2j + 1``.
     """
-    freqs = rope_frequencies(channels, device=device)[0::2]  # one per pair of each axis' half
-    rows = torch.arange(height, device=device, dtype=torch.float32)
-    cols = torch.arange(width, device=device, dtype=torch.float32)
-    pairs_per_axis = freqs.numel()
-    angle = torch.cat([(rows[:, None] * freqs)[:, None, :].expand(height, width, pairs_per_axis),
-                       (cols[:, None] * freqs)[None, :, :].expand(height, width, pairs_per_axis)], dim=-1)
-    return torch.complex(angle.cos(), angle.sin()).reshape(height * width, channels // 2)
+    angle = _rope_2d_angles(height, width, rope_frequencies(channels, device=device)[0::2])  # one per pair
+    return torch.complex(angle.cos(), angle.sin())
 
 
 def complex_pairs(x: Tensor) -> Tensor:

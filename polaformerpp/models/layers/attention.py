@@ -180,7 +180,7 @@ class RoPESoftmaxAttention(GatedAttention):
         B, H, W, C = x.shape
         q, k, v, gate, v_image = self.split_heads(x)
         if self.use_rope:
-            q, k = apply_rope_2d(q, H, W), apply_rope_2d(k, H, W)
+            q, k = apply_rope_2d(H, W, q, k)
         out = F.scaled_dot_product_attention(q, k, v)
         lepe, gate = self.lepe_tokens(v_image), gate.reshape(B, H * W, C)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (out, lepe, gate)):
