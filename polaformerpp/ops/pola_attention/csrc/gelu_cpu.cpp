@@ -26,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "vectors.h"
 
 namespace polaformerpp {
@@ -113,17 +114,9 @@ struct Tail {
     float h[kWide] = {}, b[kWide] = {}, dy[kWide] = {}, out[kWide] = {};
 };
 
-void check_rows(const torch::Tensor& t, const char* name) {
-    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32, name, " must be a float32 CPU tensor");
-    TORCH_CHECK(t.dim() == 2 && (t.stride(1) == 1 || t.size(1) <= 1), name,
-                " must be (rows, C) with its channels at stride 1");
-}
-
 const float* bias_data(const c10::optional<torch::Tensor>& bias, int64_t C) {
     if (!bias.has_value()) return nullptr;
-    TORCH_CHECK(bias->device().is_cpu() && bias->scalar_type() == torch::kFloat32 && bias->dim() == 1 &&
-                    bias->size(0) == C && bias->is_contiguous(),
-                "bias must be a contiguous float32 CPU tensor of C = ", C, " values");
+    check_float_vector(*bias, "bias", C);
     return bias->data_ptr<float>();
 }
 
@@ -132,7 +125,7 @@ constexpr int64_t kGrainRows = 16;
 }  // namespace
 
 torch::Tensor bias_gelu(const torch::Tensor& h, const c10::optional<torch::Tensor>& bias) {
-    check_rows(h, "h");
+    check_float_rows(h, "h", 2);
     const int64_t rows = h.size(0), C = h.size(1), body = C / kWide * kWide;
     const float* b = bias_data(bias, C);
     auto y = torch::empty({rows, C}, h.options());
@@ -156,8 +149,8 @@ torch::Tensor bias_gelu(const torch::Tensor& h, const c10::optional<torch::Tenso
 std::tuple<torch::Tensor, c10::optional<torch::Tensor>> bias_gelu_backward(
         const torch::Tensor& grad_y, const torch::Tensor& h, const c10::optional<torch::Tensor>& bias,
         bool bias_grad) {
-    check_rows(grad_y, "grad_y");
-    check_rows(h, "h");
+    check_float_rows(grad_y, "grad_y", 2);
+    check_float_rows(h, "h", 2);
     TORCH_CHECK(grad_y.sizes() == h.sizes(), "grad_y and h must have the same shape");
     const int64_t rows = h.size(0), C = h.size(1), body = C / kWide * kWide;
     const float* b = bias_data(bias, C);

@@ -21,6 +21,7 @@
 //   reads row t / W of the lo and row t % W of the hi tables (RopeGrid).
 #include <torch/extension.h>
 
+#include "checks.h"
 #include "vectors.h"
 
 #include <ATen/Parallel.h>
@@ -332,13 +333,6 @@ void key_grad_row(const float* k, const RopeRows* rope, int64_t d, const float* 
     }
 }
 
-void check_float_rows(const torch::Tensor& t, const char* name, int64_t dim) {
-    TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-    TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32, got ", t.scalar_type());
-    TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims, got ", t.dim());
-    TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dim");
-}
-
 // The per-head inputs of the query kernels: signed_temps (h, 4, d) and key_mean (B, h, 2d), contiguous.
 void check_query_inputs(const torch::Tensor& signed_temps, const torch::Tensor& key_mean, int64_t B, int64_t H,
                         int64_t d) {
@@ -348,6 +342,16 @@ void check_query_inputs(const torch::Tensor& signed_temps, const torch::Tensor& 
     check_float_rows(key_mean, "key_mean", 3);
     TORCH_CHECK(key_mean.is_contiguous() && key_mean.size(0) == B && key_mean.size(1) == H &&
                 key_mean.size(2) == 2 * d, "key_mean must be contiguous (B, h, 2d)");
+}
+
+// The output and its gradient of the backward's query pass: both (B, h, n, dv), dv even. Returns dv.
+int64_t check_output_rows(const torch::Tensor& grad_out, const torch::Tensor& out, int64_t B, int64_t H, int64_t n) {
+    check_float_rows(grad_out, "grad_out", 4);
+    check_float_rows(out, "out", 4);
+    const int64_t dv = out.size(3);
+    TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(0) == B && out.size(1) == H && out.size(2) == n &&
+                dv % 2 == 0, "grad_out and out must be (B, h, n, dv), dv even");
+    return dv;
 }
 
 // The RoPE tables of a call: lo/hi halves, each (rows, d) with its row stride.
@@ -796,11 +800,7 @@ std::tuple<torch::Tensor, torch::Tensor> query_grads(
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
     check_query_inputs(signed_temps, key_mean, B, H, d);
-    check_float_rows(grad_out, "grad_out", 4);
-    check_float_rows(out, "out", 4);
-    const int64_t dv = grad_out.size(3);
-    TORCH_CHECK(grad_out.sizes() == out.sizes() && grad_out.size(0) == B && grad_out.size(1) == H &&
-                grad_out.size(2) == n && dv % 2 == 0, "grad_out and out must be (B, h, n, dv), dv even");
+    const int64_t dv = check_output_rows(grad_out, out, B, H, n);
     TORCH_CHECK(grad_rot.is_contiguous() && grad_rot.scalar_type() == torch::kFloat32 && grad_rot.dim() == 5 &&
                 grad_rot.size(0) == B && grad_rot.size(1) == H && grad_rot.size(2) == 2 && grad_rot.size(3) == n &&
                 grad_rot.size(4) == 2 * d, "grad_rot must be contiguous float32 (B, h, 2, n, 2d)");
@@ -1143,12 +1143,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
     TORCH_CHECK(d % kLanes == 0, "query_backward needs a head dim that is a multiple of ", kLanes);
     check_query_inputs(signed_temps, key_mean, B, H, d);
-    check_float_rows(grad_out, "grad_out", 4);
-    check_float_rows(out, "out", 4);
     check_float_rows(grad_q, "grad_q", 4);
-    const int64_t dv = out.size(3), half = dv / 2;
-    TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(0) == B && out.size(1) == H && out.size(2) == n &&
-                dv % 2 == 0, "grad_out and out must be (B, h, n, dv), dv even");
+    const int64_t dv = check_output_rows(grad_out, out, B, H, n), half = dv / 2;
     TORCH_CHECK(grad_q.sizes() == q.sizes(), "grad_q must have the shape of q");
     TORCH_CHECK(state.is_contiguous() && state.scalar_type() == torch::kFloat32 &&
                 state.sizes() == torch::IntArrayRef({B, H, 2 * d, dv}), "state must be contiguous float32 (B, h, 2d, dv)");

@@ -18,22 +18,12 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "vectors.h"
 
 namespace polaformerpp {
 
 namespace {
-
-void check_rows(const torch::Tensor& t, const char* name) {
-    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32, name, " must be a float32 CPU tensor");
-    TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be (rows, C) with its channels at stride 1");
-}
-
-void check_channels(const torch::Tensor& t, const char* name, int64_t C) {
-    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.dim() == 1 && t.size(0) == C &&
-                    t.is_contiguous(),
-                name, " must be a contiguous float32 CPU tensor of C = ", C, " values");
-}
 
 // s_b of row r (1 without stochastic depth)
 struct SampleScale {
@@ -46,7 +36,7 @@ SampleScale sample_scale_of(const c10::optional<torch::Tensor>& sample_scale, in
                             int64_t rows) {
     if (!sample_scale.has_value()) return {nullptr, 1};
     TORCH_CHECK(rows_per_sample > 0 && rows % rows_per_sample == 0, "rows_per_sample must divide the rows");
-    check_channels(*sample_scale, "sample_scale", rows / rows_per_sample);
+    check_float_vector(*sample_scale, "sample_scale", rows / rows_per_sample);
     return {sample_scale->data_ptr<float>(), rows_per_sample};
 }
 
@@ -83,11 +73,11 @@ void residual_grad_row(const float* dy, const float* h, const float* bias, const
 SampleScale check_residual_args(const torch::Tensor& rows_in, const char* name, const torch::Tensor& h,
                                 const torch::Tensor& bias, const torch::Tensor& gamma,
                                 const c10::optional<torch::Tensor>& sample_scale, int64_t rows_per_sample) {
-    check_rows(rows_in, name);
-    check_rows(h, "h");
+    check_float_rows(rows_in, name, 2);
+    check_float_rows(h, "h", 2);
     TORCH_CHECK(rows_in.sizes() == h.sizes(), name, " and h must have the same shape");
-    check_channels(bias, "bias", h.size(1));
-    check_channels(gamma, "gamma", h.size(1));
+    check_float_vector(bias, "bias", h.size(1));
+    check_float_vector(gamma, "gamma", h.size(1));
     return sample_scale_of(sample_scale, rows_per_sample, h.size(0));
 }
 
