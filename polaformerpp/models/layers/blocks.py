@@ -136,9 +136,10 @@ class PolaFormerBlock(nn.Module):
         x = x + drop_path(gamma2 * ffn(norm2(x)))
 
     On the CPU in fp32 (and with no hooks on the modules it folds) each
-    branch's output product (``attn.proj``, ``ffn.fc2``) folds into its residual: the product without its bias, then
-    bias, layer scale, stochastic depth and residual in one compiled pass (and
-    one in the backward; :func:`~polaformerpp.ops.linear_residual.linear_scaled_residual`).
+    branch's output product (``attn.proj``, ``ffn.fc2``) folds into its
+    residual: the product without its bias, then bias, layer scale, stochastic
+    depth and residual in one compiled pass (and one in the backward;
+    :func:`~polaformerpp.ops.linear_residual.linear_scaled_residual`).
     Elsewhere, where stochastic depth is off (eval mode or rate 0), each
     layer-scale residual is one ``addcmul``, written into the branch's fresh
     output when autograd does not record.
