@@ -3,6 +3,9 @@
 #   bash tools/dist_test.sh CONFIG CHECKPOINT GPUS [test.py args...]
 # Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT; gloo on a machine without CUDA.
 # PYTHON picks the interpreter of the environment that has the package installed.
+# The ranks gather their results through files under the work dir (--work-dir; on several
+# nodes, a folder every node mounts); POLAPP_DIST_TIMEOUT bounds a collective that cannot
+# complete (seconds, default 600), as in dist_train.sh.
 set -euo pipefail
 if [[ $# -lt 3 ]]; then
     echo "usage: $0 CONFIG CHECKPOINT GPUS [test.py args...]" >&2

@@ -33,12 +33,14 @@ from polaformerpp.utils import (
     StrictLoadHook,
     adapt_cfg_to_device,
     apply_common_args,
+    dist_timeout,
     exit_after_distributed_run,
     init_distributed_if_cpu,
+    run_tool_main,
     set_unsafe_loading,
     shutdown_distributed,
 )
-from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
+from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP
 
 
 def parse_args(argv=None):
@@ -96,7 +98,7 @@ def main(argv=None):
     except CompileUnavailableError as error:
         sys.stderr.write(f'test.py: error: {error}\n')
         raise SystemExit(1) from None
-    init_distributed_if_cpu(args.launcher)
+    init_distributed_if_cpu(args.launcher, dist_timeout(cfg))
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
     if options is not None:
         compile_method(runner.model, 'test_step', options)
@@ -105,7 +107,9 @@ def main(argv=None):
     if args.out is not None:
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ValueError(f'--out must be a .pkl file, got {args.out}')
-        runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))
+        # gathered (in a distributed run) under the work dir, as PolaRunner does for the config's metrics
+        runner.test_evaluator.metrics.append(DumpResults(
+            out_file_path=args.out, collect_dir=osp.join(runner.log_dir, '.collect-dump-results')))
     metrics = runner.test()
     if args.out_json is not None and runner.rank == 0:
         with open(args.out_json, 'w') as f:
@@ -116,5 +120,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    exit_on_checkpoint_error(main)
+    run_tool_main(main)
     exit_after_distributed_run()

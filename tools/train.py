@@ -30,12 +30,14 @@ from polaformerpp.utils import (
     StrictLoadHook,
     adapt_cfg_to_device,
     apply_common_args,
+    dist_timeout,
     exit_after_distributed_run,
     init_distributed_if_cpu,
+    run_tool_main,
     set_unsafe_loading,
     shutdown_distributed,
 )
-from polaformerpp.utils.checkpoint import UNSAFE_LOAD_HELP, exit_on_checkpoint_error
+from polaformerpp.utils.checkpoint import UNSAFE_LOAD_HELP
 from polaformerpp.utils.cli import positive_int
 from polaformerpp.utils.runtime import add_tensorboard_backend
 
@@ -133,7 +135,7 @@ def main(argv=None):
     set_unsafe_loading(args.unsafe_load)
     cfg = merge_args(Config.fromfile(args.config), args)
     check_compile(cfg, args)
-    init_distributed_if_cpu(args.launcher)
+    init_distributed_if_cpu(args.launcher, dist_timeout(cfg))
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
     if cfg.get('load_from') and not cfg.get('resume', False):
         # fine-tuning stays lenient: one line says what was and was not loaded
@@ -143,5 +145,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    exit_on_checkpoint_error(main)
+    run_tool_main(main)
     exit_after_distributed_run()

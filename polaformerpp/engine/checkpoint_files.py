@@ -12,14 +12,45 @@ import logging
 import os
 import os.path as osp
 import re
+import shutil
 import zipfile
 from typing import List, Optional, Tuple
 
 from mmengine.logging import print_log
 
+from polaformerpp.utils.faults import RunStoppedError, human_bytes
+
 #: the file mmengine's CheckpointHook writes in the work dir: the path of the newest checkpoint
 POINTER_NAME = 'last_checkpoint'
 _TEMP_RE = re.compile(r'^\..+\.tmp-\d+$')
+
+
+class CheckpointSaveError(RunStoppedError):
+    """A checkpoint (or the ``last_checkpoint`` pointer) could not be written; the message names the
+    file, the error and the free space of its folder."""
+
+
+def save_failure(path: str, error: BaseException, what: str = 'the checkpoint') -> CheckpointSaveError:
+    """The :class:`CheckpointSaveError` for writing ``path`` failing with ``error``.
+
+    Example message: ``could not write the checkpoint work/epoch_2.pth: [Errno 28] No space
+    left on device; its folder work has 12.0 KiB free of 24.0 MiB (the newest checkpoint there,
+    epoch_1.pth, takes 9.6 MiB); the checkpoints already written and last_checkpoint are
+    unchanged``.
+    """
+    folder = osp.dirname(osp.abspath(path))
+    reason = f'[Errno {error.errno}] {error.strerror}' if getattr(error, 'strerror', None) else str(error)
+    try:
+        usage = shutil.disk_usage(folder)
+        space = f'its folder {folder} has {human_bytes(usage.free)} free of {human_bytes(usage.total)}'
+    except OSError as usage_error:
+        space = f'the free space of its folder {folder} is unknown ({usage_error.strerror or usage_error})'
+    others = [p for p in glob.glob(osp.join(glob.escape(folder), '*.pth')) if osp.isfile(p)]
+    if others:
+        newest = max(others, key=lambda p: (osp.getmtime(p), p))
+        space += f' (the newest checkpoint there, {osp.basename(newest)}, takes {human_bytes(osp.getsize(newest))})'
+    return CheckpointSaveError(f'could not write {what} {path}: {reason}; {space}; the checkpoints already '
+                               f'written and {POINTER_NAME} are unchanged')
 
 
 def temporary_path(path: str) -> str:

@@ -20,7 +20,7 @@ from mmengine.dist import all_gather_object, get_world_size, is_main_process
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
-from .checkpoint_files import POINTER_NAME, atomic_write_text
+from .checkpoint_files import POINTER_NAME, atomic_write_text, save_failure
 from .loops import RESUME_STATE_VERSION
 
 
@@ -65,7 +65,11 @@ class AtomicCheckpointHook(CheckpointHook):
             backend_args=self.backend_args, **self.args)
         if not is_main_process():
             return
-        atomic_write_text(osp.join(runner.work_dir, POINTER_NAME), self.last_ckpt)
+        pointer = osp.join(runner.work_dir, POINTER_NAME)
+        try:
+            atomic_write_text(pointer, self.last_ckpt)
+        except OSError as error:
+            raise save_failure(pointer, error, what='the checkpoint pointer') from error
         if outdated is not None and outdated != step:
             path = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(outdated))
             if self.file_backend.isfile(path):

@@ -18,31 +18,37 @@ Select it in a config with ``runner_type = 'PolaRunner'`` (and
 * ``auto_scale_lr`` counts the accumulated batch (``optim_wrapper.accumulative_counts``,
   see :mod:`polaformerpp.engine.accumulation`): the lr is scaled by
   ``world size x batch x accumulative_counts / base_batch_size``;
-* after a torchrun elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the run
-  resumes from the work dir's latest checkpoint as if ``--resume`` had been
-  given (when there is one; otherwise it starts as configured).
+* whether training resumes, and from which checkpoint, is decided once by rank 0
+  and shared by every rank, which then check that they loaded the same file at
+  the same iteration (:mod:`polaformerpp.engine.job_resume`): an elastic
+  torchrun job (``--max-restarts`` > 0) resumes from the work dir's latest
+  checkpoint whenever there is one, so a restarted or replacement node joins
+  the resumed run;
+* a checkpoint that cannot be written stops the run with a message naming the
+  file and the free space of its folder (:class:`CheckpointSaveError`);
+* distributed runs keep a heartbeat per rank (:mod:`polaformerpp.utils.peers`),
+  so a failed collective is explained by the rank that stopped answering;
+* evaluators that gather results through the file system (``collect_device='cpu'``)
+  do so under the run's log dir in the work dir (``WORK_DIR/<timestamp>/.collect-*``,
+  removed after each gathering), not in ``.dist_test`` of the current folder.
 """
 import copy
 import logging
-import os
 import os.path as osp
 from typing import Optional
 
-from mmengine.dist import is_main_process, master_only
+from mmengine.dist import get_world_size, master_only
 from mmengine.fileio import LocalBackend, get_file_backend
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import RUNNERS
 from mmengine.runner import BaseLoop, EpochBasedTrainLoop, IterBasedTrainLoop, Runner
 
-from .checkpoint_files import (
-    commit_temporary,
-    discard,
-    find_resumable_checkpoint,
-    remove_stale_temporaries,
-    resume_candidates,
-    temporary_path,
-)
+from polaformerpp.utils.peers import set_stage, start_peer_watch
+from polaformerpp.utils.runtime import DEFAULT_DIST_TIMEOUT
+
+from .checkpoint_files import commit_temporary, discard, save_failure, temporary_path
 from .hooks import AtomicCheckpointHook
+from .job_resume import check_same_checkpoint, check_same_position, decide_for_job, decide_resume
 from .loops import ResumableEpochBasedTrainLoop, ResumableIterBasedTrainLoop
 
 _LOOP_SWAPS = (
@@ -52,32 +58,6 @@ _LOOP_SWAPS = (
      ResumableIterBasedTrainLoop),
 )
 _CHECKPOINT_HOOK_TYPES = ('CheckpointHook', 'mmengine.CheckpointHook', CheckpointHook)
-
-
-def elastic_restart_count(environ=None) -> int:
-    """How many times torchrun has restarted this job's workers (0 outside torchrun).
-
-    Raises:
-        ValueError: ``TORCHELASTIC_RESTART_COUNT`` is set but is not an integer.
-    """
-    value = (os.environ if environ is None else environ).get('TORCHELASTIC_RESTART_COUNT', '')
-    if not value.strip():
-        return 0
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f'TORCHELASTIC_RESTART_COUNT: expected an integer, got {value!r}') from None
-
-
-def resume_on_restart(resume: bool, work_dir: str, environ=None) -> bool:
-    """The restart rule: whether a run must auto-resume from ``work_dir`` although not asked to.
-
-    True after a torchrun restart when ``work_dir`` holds a checkpoint and
-    ``resume`` is not set already.
-    """
-    if resume or elastic_restart_count(environ) == 0:
-        return False
-    return bool(resume_candidates(work_dir))
 
 
 def _wrappers(optim_wrapper):
@@ -92,6 +72,35 @@ class PolaRunner(Runner):
     _last_loaded_meta: Optional[dict] = None
 
     # ------------------------------------------------------------ building
+    def setup_env(self, env_cfg) -> None:
+        """mmengine's environment set-up, then this rank's heartbeat in a distributed run."""
+        super().setup_env(env_cfg)
+        timeout = ((env_cfg or {}).get('dist_cfg') or {}).get('timeout') or DEFAULT_DIST_TIMEOUT
+        start_peer_watch(timeout)
+
+    def call_hook(self, fn_name: str, **kwargs) -> None:
+        """mmengine's ``call_hook``; the hook point is what this rank's heartbeat reports."""
+        loop = self._train_loop
+        if isinstance(loop, BaseLoop):
+            set_stage(f'{fn_name} (iteration {loop.iter})')
+        else:
+            set_stage(fn_name)
+        super().call_hook(fn_name, **kwargs)
+
+    def build_evaluator(self, evaluator):
+        """mmengine's ``build_evaluator``; metrics gathering through files do so in the log dir.
+
+        A metric with ``collect_device='cpu'`` and no ``collect_dir`` of its own
+        gathers in ``<log_dir>/.collect-<i>-<name>`` (mmengine removes it after
+        each gathering): the work dir is shared by every node of a multi-node
+        job, the current folder (mmengine's ``.dist_test``) often is not.
+        """
+        evaluator = super().build_evaluator(evaluator)
+        for index, metric in enumerate(getattr(evaluator, 'metrics', [])):
+            if getattr(metric, 'collect_device', None) == 'cpu' and getattr(metric, 'collect_dir', '') is None:
+                metric.collect_dir = osp.join(self.log_dir, f'.collect-{index}-{type(metric).__name__}')
+        return evaluator
+
     def register_hooks(self, default_hooks=None, custom_hooks=None) -> None:
         """Register the hooks with ``checkpoint`` turned into an :class:`AtomicCheckpointHook`."""
         hooks = dict(default_hooks or {})
@@ -142,6 +151,9 @@ class PolaRunner(Runner):
             super().save_checkpoint(out_dir, osp.relpath(tmp, out_dir), None, save_optimizer,
                                     save_param_scheduler, meta, by_epoch, backend_args)
             commit_temporary(tmp, final)
+        except OSError as error:
+            discard(tmp)
+            raise save_failure(final, error) from error
         except BaseException:
             discard(tmp)
             raise
@@ -168,34 +180,33 @@ class PolaRunner(Runner):
                              f'{None if state is None else state["position"]}')
 
     def load_or_resume(self) -> None:
-        """Resume (with fallback past unreadable checkpoints and after restarts) or load weights.
+        """Resume as the whole job decided (see :mod:`~polaformerpp.engine.job_resume`) or load weights.
 
-        The fallback and the restart rule apply to training; ``val()`` / ``test()``
+        The decision and the checks apply to training; ``val()`` / ``test()``
         load as mmengine does.
         """
         if self._has_loaded:
             return None
         if not isinstance(self._train_loop, BaseLoop):  # val() / test(): load_from only
             return super().load_or_resume()
-        restarts = elastic_restart_count()
-        if resume_on_restart(self._resume, self.work_dir):
-            self.logger.info(f'torchrun restart {restarts}: resuming from the latest checkpoint '
-                             f'of {self.work_dir} (as with --resume)')
-            self._resume, self._load_from = True, None
-        elif restarts and self._resume and self._load_from is not None and resume_candidates(self.work_dir):
-            self.logger.info(f'torchrun restart {restarts}: resuming from the latest checkpoint '
-                             f'of {self.work_dir} instead of {self._load_from}')
-            self._load_from = None
-        if not (self._resume and self._load_from is None):
+        decision = decide_for_job(lambda: decide_resume(self._resume, self._load_from, self.work_dir),
+                                  self.work_dir)
+        for line in decision.reason.splitlines():
+            self.logger.info(line)
+        if decision.mode != 'resume':
+            if self._resume and self._load_from is None:
+                self.logger.log(logging.WARNING, f'resume: no checkpoint in {self.work_dir} yet; '
+                                'training from the start')
+                return None
+            self._resume = False
             return super().load_or_resume()
-        if is_main_process():
-            for path in remove_stale_temporaries(self.work_dir):
-                self.logger.info(f'removed {path}, left by an interrupted checkpoint write')
-        path, _ = find_resumable_checkpoint(self.work_dir)
-        if path is None:
-            self.logger.log(logging.WARNING, f'resume: no checkpoint in {self.work_dir} yet; '
-                            'training from the start')
-            return None
-        self.logger.info(f'Auto resumed from the latest checkpoint {path}.')
+        path = decision.path
+        fingerprint = check_same_checkpoint(path)
+        self.logger.info(f'Auto resumed from the latest checkpoint {path}.' if path != self._load_from
+                         else f'resuming from {path}')
         self.resume(path)
         self._has_loaded = True
+        check_same_position(path, fingerprint, self.iter, self.epoch)
+        if get_world_size() > 1:
+            self.logger.info(f'all {get_world_size()} ranks resumed from {path} ({fingerprint["digest"]}, '
+                             f'{fingerprint["size"]} bytes) at iteration {self.iter}')

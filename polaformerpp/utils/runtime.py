@@ -12,6 +12,10 @@ GPU, without touching installed packages:
   whose task variables are translated to torch's (:func:`slurm_dist_env`).
 * ``--tensorboard`` adds mmengine's ``TensorboardVisBackend`` to the config's
   visualizer (:func:`add_tensorboard_backend`).
+* Distributed runs get a bounded collective timeout (:func:`apply_dist_timeout`):
+  a collective that cannot complete (a peer gone or frozen, ranks out of step)
+  fails after ``env_cfg.dist_cfg.timeout`` seconds instead of gloo's and NCCL's
+  30 minutes.
 """
 import copy
 import logging
@@ -20,15 +24,23 @@ import os.path as osp
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from mmengine.logging import print_log
 
 __all__ = [
-    'apply_common_args', 'adapt_cfg_to_device',
+    'apply_common_args', 'adapt_cfg_to_device', 'apply_dist_timeout', 'dist_timeout',
     'init_distributed_if_cpu', 'shutdown_distributed', 'slurm_dist_env', 'add_tensorboard_backend'
 ]
+
+#: the environment variable that sets the collective timeout (seconds) of the tools' distributed runs
+DIST_TIMEOUT_ENV = 'POLAPP_DIST_TIMEOUT'
+#: its default: 10 minutes. It must outlast the longest wait of a healthy rank at a collective, which is
+#: rank 0 alone writing a checkpoint or computing a COCO-style metric while the others wait at the next
+#: collective (minutes on a large validation set), and it bounds how long a lost peer can hang the job.
+DEFAULT_DIST_TIMEOUT = 600
 
 
 def apply_common_args(cfg, args) -> None:
@@ -43,6 +55,47 @@ def apply_common_args(cfg, args) -> None:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if cfg.launcher != 'none':
+        apply_dist_timeout(cfg)
+
+
+def _positive_seconds(value, source: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float('nan')
+    if not seconds > 0 or seconds == float('inf'):
+        raise ValueError(f'{source}: the collective timeout must be a positive number of seconds, got {value!r}')
+    return seconds
+
+
+def apply_dist_timeout(cfg, environ=None) -> float:
+    """Set ``cfg.env_cfg.dist_cfg.timeout`` (seconds, in place) unless the config sets it; returns it.
+
+    The config's value (also given as ``--cfg-options env_cfg.dist_cfg.timeout=N``)
+    comes first, then the ``POLAPP_DIST_TIMEOUT`` environment variable, then
+    :data:`DEFAULT_DIST_TIMEOUT`. mmengine passes the value to
+    ``init_process_group`` (and :func:`init_distributed_if_cpu` does on CPU).
+
+    Raises:
+        ValueError: the value is not a positive number of seconds (naming where it came from).
+    """
+    environ = os.environ if environ is None else environ
+    dist_cfg = cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})
+    if dist_cfg.get('timeout') is not None:
+        seconds = _positive_seconds(dist_cfg['timeout'], 'env_cfg.dist_cfg.timeout')
+    elif environ.get(DIST_TIMEOUT_ENV, '').strip():
+        seconds = _positive_seconds(environ[DIST_TIMEOUT_ENV], DIST_TIMEOUT_ENV)
+    else:
+        seconds = DEFAULT_DIST_TIMEOUT
+    dist_cfg['timeout'] = seconds
+    return seconds
+
+
+def dist_timeout(cfg) -> float:
+    """The collective timeout of ``cfg`` in seconds (:data:`DEFAULT_DIST_TIMEOUT` when it sets none)."""
+    timeout = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('timeout')
+    return DEFAULT_DIST_TIMEOUT if timeout is None else _positive_seconds(timeout, 'env_cfg.dist_cfg.timeout')
 
 
 def _replace_sync_bn(node):
@@ -138,11 +191,12 @@ def _first_slurm_host(node_list):
     return hosts[0]
 
 
-def init_distributed_if_cpu(launcher: str) -> None:
+def init_distributed_if_cpu(launcher: str, timeout: float = DEFAULT_DIST_TIMEOUT) -> None:
     """Initialise a gloo process group for ``--launcher pytorch`` or ``slurm`` on a CPU-only machine.
 
     mmengine's own initialisation calls ``torch.cuda.set_device``, which fails
-    without a GPU; once the group exists, the Runner skips it. For ``slurm``
+    without a GPU; once the group exists, the Runner skips it. ``timeout``
+    (seconds) bounds every collective of the group. For ``slurm``
     the task's Slurm variables are first exported as torch's
     (:func:`slurm_dist_env`), so code that reads ``RANK``/``LOCAL_RANK`` sees them.
     """
@@ -154,7 +208,7 @@ def init_distributed_if_cpu(launcher: str) -> None:
         raise ValueError(f"on a machine without CUDA only --launcher 'pytorch' (torchrun), 'slurm' (srun) "
                          f"or 'none' is supported, got {launcher!r}")
     dist.init_process_group(backend='gloo', init_method='env://', rank=int(os.environ['RANK']),
-                            world_size=int(os.environ['WORLD_SIZE']))
+                            world_size=int(os.environ['WORLD_SIZE']), timeout=timedelta(seconds=timeout))
 
 
 def add_tensorboard_backend(cfg) -> None:
@@ -192,7 +246,9 @@ def shutdown_distributed() -> None:
     ("terminate called without an active exception") after a successful run.
     """
     if dist.is_available() and dist.is_initialized():
+        from .peers import stop_peer_watch
         dist.barrier()
+        stop_peer_watch()
         dist.destroy_process_group()
         _DISTRIBUTED_RUN_ENDED[0] = True
 

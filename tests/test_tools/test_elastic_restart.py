@@ -166,13 +166,13 @@ def test_lost_worker_restarts_and_resumes(demo_in1k, tmp_path):
     # restarted workers resumed from the latest checkpoint without being told to
     assert marker.read_text().startswith('rank 1 pid '), marker.read_text()
     assert 'exitcode: -9' in log, log[-6000:]
-    assert 'torchrun restart 1: resuming from the latest checkpoint' in log, log[-6000:]
+    assert "this agent's restart 1): resuming from the latest checkpoint" in log, log[-6000:]
     assert f'resumed epoch: 1, iter: {ITERS_PER_EPOCH}' in log, log[-6000:]
     # (on failure: the output before the second restart, where the restarted group failed,
     # without the optimizer's per-parameter lines)
-    before_second = [line for line in log[:log.find('torchrun restart 2')].splitlines()
+    before_second = [line for line in log[:log.find("this agent's restart 2")].splitlines()
                      if 'paramwise_options' not in line]
-    assert 'torchrun restart 2' not in log, '\n'.join(before_second)[-8000:]
+    assert "this agent's restart 2" not in log, '\n'.join(before_second)[-8000:]
 
     # the run finished every epoch, and its final checkpoint is whole and loads into the model
     final = work_dir / f'epoch_{EPOCHS}.pth'
