@@ -8,6 +8,13 @@ would, and the weight and bias gradients from the compiled kernel
 maps oneDNN's weight gradient is a slow path, several times the whole forward.
 Everywhere else (inference, other devices and dtypes, tracing) it is the plain
 ``F.conv2d``, which the tests hold the kernel to.
+
+Either way a weight gradient has the weight's own strides. For a channels-last
+image, autograd's convolution backward returns the ``(C, 1, kh, kw)`` gradient
+in channels-last strides (``(kh*kw, 1, kw, 1)`` against the weight's
+``(kh*kw, kh*kw, kw, 1)``): the same memory order, which ``AccumulateGrad``
+keeps as ``.grad``, and which DDP then reports ("Grad strides do not match
+bucket view strides"). The gradient is re-strided, a view, not a copy.
 """
 from typing import Optional, Tuple
 
@@ -17,6 +24,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .pola_attention.cpu import cpu_kernels_apply, kernels
+from .tracing import is_tracing
 
 __all__ = ['depthwise_conv2d', 'depthwise_conv2d_backward']
 
@@ -34,7 +42,31 @@ def depthwise_conv2d(image: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
     """
     if _kernel_backward_applies(image, weight, bias):
         return _DepthwiseConvCPU.apply(image, weight, bias)
+    if torch.is_grad_enabled() and weight.requires_grad and not is_tracing():
+        weight = _GradInWeightLayout.apply(weight)
     return _same_conv(image, weight, bias)
+
+
+def _in_layout_of(grad: Tensor, weight: Tensor) -> Tensor:
+    """``grad`` with ``weight``'s strides where both are dense in the same memory order (a view)."""
+    if grad is None or grad.stride() == weight.stride() or not (grad.is_contiguous() and weight.is_contiguous()):
+        return grad
+    return grad.reshape(-1).view(weight.shape)
+
+
+class _GradInWeightLayout(torch.autograd.Function):
+    """The identity on a weight; its gradient comes back in the weight's strides."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        ctx.weight_strides = weight.stride()
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad.stride() == ctx.weight_strides or not grad.is_contiguous():
+            return grad
+        return grad.reshape(-1).view(grad.shape)
 
 
 def depthwise_conv2d_backward(grad: Tensor, image: Tensor, weight: Tensor, input_grad: bool = True,
@@ -55,6 +87,7 @@ def depthwise_conv2d_backward(grad: Tensor, image: Tensor, weight: Tensor, input
         else:
             _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(grad, image, weight, [channels], *args,
                                                                             [False, True, True])
+        grad_weight = _in_layout_of(grad_weight, weight)
     return grad_image, grad_weight, grad_bias
 
 

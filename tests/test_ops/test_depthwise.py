@@ -73,3 +73,18 @@ def test_other_inputs_take_conv2d():
     with torch.no_grad():
         image, weight, b = conv_inputs(1, 16, 5, 5, 3)
         assert depthwise_conv2d(image, weight.requires_grad_(True), b).grad_fn is None
+
+
+def test_weight_gradient_keeps_the_weight_strides():
+    """Autograd's conv backward returns a channels-last image's weight gradient with channels-last strides
+    (the same memory order); the gradient comes back in the weight's own strides, as DDP's buckets expect
+    ("Grad strides do not match bucket view strides"), on the kernel path and on the plain one."""
+    for channels in (16, 12):  # the kernel's weight gradient where built; channels not a multiple of 8: plain
+        image, weight, b = conv_inputs(2, channels, 6, 5, 3)
+        for dtype in (torch.float32, torch.float64):  # float64: the plain path everywhere
+            leaves = [t.detach().to(dtype).requires_grad_(True) for t in (image, weight, b)]
+            depthwise_conv2d(*leaves).sum().backward()
+            assert leaves[1].grad.stride() == leaves[1].stride() == (9, 9, 3, 1), (channels, dtype)
+            reference = [t.detach().to(dtype).requires_grad_(True) for t in (image, weight, b)]
+            plain(*reference).sum().backward()
+            torch.testing.assert_close(leaves[1].grad, reference[1].grad)
