@@ -53,8 +53,6 @@ def record_for_torchrun(message: str) -> None:
 def _log_to_run_files(message: str) -> None:
     """Append ``message`` as an ERROR line to the log files of the current mmengine logger, if any."""
     from mmengine.logging import MMLogger
-    if not MMLogger._instance_dict:
-        return
     logger = MMLogger.get_current_instance()
     record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, None, None)
     for handler in logger.handlers:

@@ -22,8 +22,8 @@ from datetime import timedelta
 from typing import Dict, List, Optional
 
 #: ``str(error)`` fragments of the failures of gloo / NCCL collectives and of the store
-_COLLECTIVE_FAILURE_TEXTS = ('gloo', 'nccl', 'connection closed by peer', 'connection reset', 'timed out',
-                             'broken pipe', 'socket', 'watchdog', 'collective operation timeout')
+_COLLECTIVE_FAILURE_TEXTS = ('gloo', 'nccl', 'connection closed by peer', 'connection reset by peer',
+                             'collective operation timeout')
 
 _WATCH: List[Optional['PeerWatch']] = [None]
 
