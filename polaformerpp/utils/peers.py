@@ -48,7 +48,7 @@ class PeerWatch:
         self.store, self.prefix, self.rank, self.world_size = store, prefix, rank, world_size
         self.period, self.address = period, address
         self.host, self.pid = socket.gethostname(), os.getpid()
-        self.stage = 'starting'
+        self.stage = 'start-up'
         self._beat = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -113,7 +113,7 @@ class PeerWatch:
             if after is None:
                 silent.append(f'rank {rank} (never sent a heartbeat)')
             elif before is not None and before['beat'] == after['beat']:
-                silent.append(f'rank {rank} (host {after["host"]}, pid {after["pid"]}; last seen at '
+                silent.append(f'rank {rank} (host {after["host"]}, pid {after["pid"]}, last heartbeat at '
                               f'{after["stage"]})')
             else:
                 stages[rank] = after['stage']
