@@ -314,7 +314,7 @@ def test_ranks_refuse_a_checkpoint_they_do_not_all_see(tmp_path):
 
     def run_two_ranks():
         env = launch_env(MASTER_ADDR='127.0.0.1', MASTER_PORT=free_port(), WORLD_SIZE=2)
-        procs = [subprocess.Popen([sys.executable, '-c', SAME_CHECKPOINT_SCRIPT, *nodes], env=dict(env, RANK=r),
+        procs = [subprocess.Popen([sys.executable, '-c', SAME_CHECKPOINT_SCRIPT, *nodes], env=dict(env, RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
         return [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
 
