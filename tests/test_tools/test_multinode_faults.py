@@ -191,6 +191,7 @@ def test_node_killed_and_replaced_ends_bit_identical(demo_in1k, tmp_path, uninte
     assert codes == [0, 0], tails(logs)
 
     survivor, replacement = open(logs[0]).read(), open(logs[2]).read()
+    print('\n'.join(line for line in survivor.splitlines() if 'lost peer' in line or 'ranks resumed' in line))
     # the survivor said which rank it lost (our line, and in torchrun's summary as that rank's error)
     if lost_rank == 0:  # node b got node rank 0 and hosted the group's store
         assert re.search(r"lost peer: the job's store at \S+ does not answer", survivor), tails(logs)
@@ -203,6 +204,8 @@ def test_node_killed_and_replaced_ends_bit_identical(demo_in1k, tmp_path, uninte
         tails(logs)
     assert re.search(r'all 2 ranks resumed from \S+epoch_1\.pth \(\w+, \d+ bytes\) at iteration 4',
                      survivor + replacement), tails(logs)
+    # DDP found every gradient in its parameter's layout
+    assert 'Grad strides do not match bucket view strides' not in survivor + replacement
     report = compare_runs(ref_dir, work_dir, f'epoch_{EPOCHS}.pth')
     assert not report, '\n'.join(report)
     # distributed validation gathered its results under the work dir and left nothing behind
@@ -248,6 +251,7 @@ def test_frozen_peer_ends_the_job_within_the_timeout_naming_it(demo_in1k, tmp_pa
                r'lost\); rank 0 \(host \S+\) stopped at before_train_iter \(iteration 3\) when its collective '
                r'failed: RuntimeError: .*gloo.* Timed out waiting 8000ms')
     assert re.search(pattern, log), log[-6000:]
+    print(next(line for line in lines if line.startswith('train.py: error: lost peer')).strip())
     # torchrun's failure summary carries the same line as the surviving rank's error
     summary = log[log.rfind('Root Cause'):]
     assert re.search(r'traceback : train.py: error: lost peer: rank 1', summary), summary
