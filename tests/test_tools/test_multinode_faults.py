@@ -140,15 +140,31 @@ def wait_for(path, procs, timeout, logs):
         time.sleep(0.2)
 
 
+def wait_for_port(port, procs, timeout, logs):
+    """Wait until something listens on 127.0.0.1:``port`` (a torchrun agent's rendezvous store)."""
+    import socket
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(('127.0.0.1', port)) == 0:
+                return
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            wait_all(procs, 1, logs)
+            pytest.fail(f'no rendezvous store on port {port} after {timeout} s\n' + tails(logs))
+        time.sleep(0.1)
+
+
 def two_node_job(config, root, node_env=None, port=None):
-    """Run ``config`` as a two-node job (two agents, the second started 2 s after the first) in
-    ``root``; returns (work dir, [log paths]). ``node_env``: extra variables of the second node."""
+    """Start ``config`` as a two-node job in ``root``: two agents, the second once the first hosts the
+    rendezvous; returns (work dir, [log paths], [processes], environment). ``node_env``: extra
+    variables of the second node."""
     work_dir = osp.join(root, 'work')
     port = port or free_port()
     logs = [osp.join(root, 'node_a.log'), osp.join(root, 'node_b.log')]
     env = launch_env(NNODES=2, PORT=port, MAX_RESTARTS=2, POLAPP_DIST_TIMEOUT=60)
     procs = [start_node(config, work_dir, root, logs[0], env)]
-    time.sleep(2)  # node a joins first: it hosts the rendezvous and gets node rank 0
+    # node a comes first: it hosts the rendezvous store (and so survives the loss of node b)
+    wait_for_port(port, procs, 120, logs)
     procs.append(start_node(config, work_dir, root, logs[1], dict(env, **(node_env or {}))))
     return work_dir, logs, procs, env
 
