@@ -13,6 +13,7 @@ answer means the process or node hosting it (rank 0's, or node 0's agent) is
 lost; ranks that all answer but stand at different hook points are out of step.
 """
 import json
+import logging
 import os
 import socket
 import threading
@@ -162,10 +163,16 @@ def start_peer_watch(timeout: float) -> Optional[PeerWatch]:
     token = [uuid.uuid4().hex[:12]]
     broadcast_object_list(token, src=0)
     period = heartbeat_period(timeout)
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(10.0, 2 * period)),
-                          wait_for_workers=False)
-    _WATCH[0] = PeerWatch(store, f'polaformerpp/peers/{token[0]}', dist.get_rank(), dist.get_world_size(),
-                          period, f'{host}:{port}').start()
+    try:
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(10.0, 2 * period)),
+                              wait_for_workers=False)
+        _WATCH[0] = PeerWatch(store, f'polaformerpp/peers/{token[0]}', dist.get_rank(), dist.get_world_size(),
+                              period, f'{host}:{port}').start()
+    except Exception as error:  # noqa: BLE001 (the run goes on; only the explanation of a failure is lost)
+        from mmengine.logging import print_log
+        print_log(f'no heartbeat for this rank: the store at {host}:{port} did not take one ({error}); a failed '
+                  'collective will not say which rank stopped answering', logger='current', level=logging.WARNING)
+        return None
     return _WATCH[0]
 
 
