@@ -28,9 +28,14 @@ than that one key to train the same recipe:
   scales by ``world size x batch x accumulative_counts / base_batch_size``
   (mmengine's Runner leaves the accumulation out).
 
-Schedules are evaluated at iterations, so the step made on iteration
-``N*s + N - 1`` uses the published schedule's value within one step of ``s``
-(``s + (N - 1)/N`` steps for closed forms; mmengine's chained ``LinearLR``
+* ``WarmupCosineLR`` schedulers stepped by iteration (``by_epoch=False`` or
+  ``convert_to_iter_based``) get ``accumulative_counts`` N as well: they change
+  their value only where an update begins and count updates, so the update made
+  on iteration ``N*s + N - 1`` uses exactly the published value of step ``s``.
+
+mmengine's own schedulers are evaluated at iterations, so there the step made on
+iteration ``N*s + N - 1`` uses the published schedule's value within one step of
+``s`` (``s + (N - 1)/N`` steps for closed forms; mmengine's chained ``LinearLR``
 counts ``end - begin - 1`` steps, a little less than one step apart): it only
 shows in the first warm-up steps.
 """
@@ -40,7 +45,9 @@ from typing import Iterable
 
 #: scheduler arguments that are lengths or positions in iterations when ``by_epoch=False``
 _SCHEDULER_ITERATION_KEYS = ('begin', 'end', 'T_max', 'step_size', 'total_steps', 'periods', 'milestones',
-                             'warmup')
+                             'warmup', 'cooldown')
+#: schedulers that take the accumulation count themselves (polaformerpp.engine.schedulers)
+_ACCUMULATING_SCHEDULERS = ('WarmupCosineLR', 'WarmupCosineParamScheduler')
 #: scheduler types whose other arguments hold no iteration counts (mmengine's own; the exponential ones
 #: decay per step and are refused)
 _KNOWN_SCHEDULERS = ('WarmupCosineLR', 'WarmupCosineParamScheduler',
@@ -69,9 +76,12 @@ def _is_iteration_loop(train_cfg) -> bool:
 
 def _stretch_schedulers(schedulers, n: int) -> None:
     for scheduler in ([schedulers] if isinstance(schedulers, dict) else schedulers):
-        if scheduler.get('by_epoch', True):
-            continue  # counted in epochs (or converted from epochs by the Runner): unchanged
+        by_epoch = scheduler.get('by_epoch', True)
         kind = str(scheduler.get('type', '')).split('.')[-1]
+        if kind in _ACCUMULATING_SCHEDULERS and (not by_epoch or scheduler.get('convert_to_iter_based')):
+            scheduler['accumulative_counts'] = scheduler.get('accumulative_counts', 1) * n
+        if by_epoch:
+            continue  # counted in epochs (or converted from epochs by the Runner): unchanged
         if kind not in _KNOWN_SCHEDULERS:
             raise ValueError(f'--accumulate: param_scheduler type {scheduler.get("type")!r} is iteration-based and '
                              'not one whose iteration counts are known; expected one of mmengine\'s schedulers '
