@@ -15,6 +15,11 @@ And it makes checkpoint loading safe and mmengine-aware
 with ``weights_only=True`` accepts the types of mmengine's Runner checkpoints
 (message hub, numpy state) and nothing else, and mmengine's local-file loader
 names the file when it refuses one.
+
+And it gives mmpretrain's model hub the ImageNet classifiers by name
+(:mod:`polaformerpp.apis.mmpretrain_models`), without importing mmpretrain:
+``mmpretrain.get_model('polapp-b2_8xb256_in1k', pretrained=CKPT)``,
+``list_models('polapp*')`` and ``ImageClassificationInferencer(<name>, pretrained=CKPT)`` work.
 """
 from . import models  # noqa: F401
 from .ops import pola_attention, pola_rope_tables
@@ -24,5 +29,9 @@ from .version import __version__
 
 register_config_scope()
 register_safe_globals()
+
+from .apis.mmpretrain_models import register_on_mmpretrain_import  # noqa: E402 (after the scope exists)
+
+register_on_mmpretrain_import()
 
 __all__ = ['__version__', 'pola_attention', 'pola_rope_tables']

@@ -7,12 +7,15 @@ spirit of ``mmdet.apis`` / ``mmseg.apis``.
 * class-conditional generation: :func:`init_generator` (-> a
   :class:`~polaformerpp.generation.DiTDiffusion`) and :func:`sample_images`
   (class labels -> uint8 RGB images);
-* classification through mmpretrain: :func:`register_mmpretrain_models` adds the
-  ImageNet classifiers to mmpretrain's model hub, so ``mmpretrain.get_model``,
-  ``mmpretrain.inference_model`` and the inferencers accept their names.
+* classification through mmpretrain: ``import polaformerpp`` adds the ImageNet
+  classifiers to mmpretrain's model hub (:mod:`.mmpretrain_models`), so
+  ``mmpretrain.get_model``, ``list_models``, ``inference_model`` and the
+  inferencers accept their names; :func:`register_mmpretrain_models` registers
+  another metafile the same way.
 
 Detection and segmentation need nothing here: the configs work with
-``mmdet.apis`` and ``mmseg.apis`` as they are.
+``mmdet.apis`` and ``mmseg.apis`` as they are, given by path (their inferencers
+look model names up only in their own library's model index).
 
 Importing this package is cheap: the task packages are imported on first use.
 

@@ -1,7 +1,12 @@
 """mmpretrain's own inference APIs on the classification configs: ``get_model`` with a
-config path, ``ImageClassificationInferencer``, ``FeatureExtractor``, and ``inference_model``
-by name after ``polaformerpp.apis.register_mmpretrain_models``."""
+config path, ``ImageClassificationInferencer``, ``FeatureExtractor``, and the published
+names through mmpretrain's model hub, which ``import polaformerpp`` fills."""
 import copy
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -31,6 +36,13 @@ def mmpretrain_scope():
     from mmengine.registry import DefaultScope
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         yield
+
+
+def published_names():
+    """The model names of the classification metafile (sorted)."""
+    import yaml
+    with open(osp.join(REPO_ROOT, 'configs', 'classification', 'metafile.yml')) as f:
+        return sorted(m['Name'] for m in yaml.safe_load(f)['Models'])
 
 
 def _check_scores(result, num_classes):
@@ -79,10 +91,8 @@ def test_checkpoint_inferencer_feature_extractor_and_inference_model_by_name(tmp
     assert isinstance(features, tuple) and len(features) == 1
     assert features[0].shape == (64, )  # globally pooled: cls_proj_channels of the tiny arch
 
-    names = register_mmpretrain_models()
-    assert 'polapp-b0_8xb256_in1k' in names and len(names) == len(CLS_CONFIGS) - 1  # not the demo
-    assert register_mmpretrain_models() == []  # idempotent
-    assert 'polapp-b5_8xb128_in1k' in mmpretrain.list_models('polapp*')
+    assert register_mmpretrain_models() == []  # `import polaformerpp` registered them already
+    assert sorted(mmpretrain.list_models('polapp*')) == published_names()
     named = get_model('polapp-b0_8xb256_in1k', pretrained=ckpt, device='cpu', **copy.deepcopy(TINY))
     result = inference_model(named, img_path)
     _check_scores(result, 1000)
@@ -95,3 +105,74 @@ def test_real_arch_get_model_and_inference(path):
     from mmpretrain import ImageClassificationInferencer, get_model
     model = get_model(f'{REPO_ROOT}/{path}', device='cpu')
     _check_scores(ImageClassificationInferencer(model)(astronaut_bgr())[0], model.head.num_classes)
+
+
+# A fresh interpreter, as a user starts one: polaformerpp first (it must not import mmpretrain),
+# then mmpretrain's own calls by name.
+BY_NAME_SCRIPT = """
+import copy, json, sys
+import polaformerpp
+assert 'mmpretrain' not in sys.modules, 'import polaformerpp imported mmpretrain'
+import mmpretrain
+names = sorted(mmpretrain.list_models('polapp*'))
+model = mmpretrain.get_model('polapp-b0_8xb256_in1k', pretrained=CKPT, device='cpu', **copy.deepcopy(TINY))
+inferencer = mmpretrain.ImageClassificationInferencer('polapp-b0_8xb256_in1k', pretrained=CKPT, device='cpu',
+                                                      **copy.deepcopy(TINY))
+result = inferencer(IMG)[0]
+with open(OUT, 'w') as f:
+    json.dump(dict(names=names, scores=result['pred_scores'].tolist(), pred_class=result['pred_class'],
+                   fc=model.head.fc.weight.sum().item(), config=model._config.filename), f)
+"""
+
+
+def test_published_names_resolve_through_mmpretrains_hub_after_import(tmp_path):
+    import mmcv
+    from mmpretrain import ImageClassificationInferencer, get_model
+    path = f'{REPO_ROOT}/{MAIN_CONFIG}'
+    classes = tuple(f'c{i}' for i in range(1000))
+    reference = perturb(get_model(path, **copy.deepcopy(TINY)))
+    ckpt = save_weights(reference, tmp_path / 'tiny_b0.pth', dataset_meta=dict(classes=classes))
+    img = str(tmp_path / 'astronaut.png')
+    mmcv.imwrite(astronaut_bgr(), img)
+    model = get_model(path, pretrained=ckpt, device='cpu', **copy.deepcopy(TINY))
+    expected = ImageClassificationInferencer(model)(img)[0]
+
+    out_file = tmp_path / 'by_name.json'
+    script = f'CKPT, IMG, TINY, OUT = {ckpt!r}, {img!r}, {TINY!r}, {str(out_file)!r}\n' + BY_NAME_SCRIPT
+    proc = subprocess.run([sys.executable, '-c', script], cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(out_file.read_text())
+    assert out['names'] == published_names()
+    assert osp.basename(out['config']) == osp.basename(MAIN_CONFIG)  # the name's config, from the metafile
+    assert out['fc'] == pytest.approx(reference.head.fc.weight.sum().item(), rel=1e-6)  # the checkpoint loaded
+    np.testing.assert_allclose(out['scores'], expected['pred_scores'], rtol=1e-5, atol=1e-7)
+    assert out['pred_class'] == expected['pred_class'] == classes[int(np.argmax(expected['pred_scores']))]
+
+
+def test_call_after_import_runs_after_the_module_and_once(tmp_path, monkeypatch):
+    from polaformerpp.utils.import_hooks import call_after_import
+    package = tmp_path / 'polapp_hook_probe'
+    package.mkdir()
+    (package / '__init__.py').write_text('')
+    (package / 'hub.py').write_text('MODELS = {}\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def register(module):
+        module.MODELS['x'] = 1  # the module's code has run
+        seen.append(module.__name__)
+
+    call_after_import('polapp_hook_probe.hub', register)
+    assert seen == [] and 'polapp_hook_probe.hub' not in sys.modules  # nothing imported by the call
+    import polapp_hook_probe.hub as hub
+    assert seen == ['polapp_hook_probe.hub'] and hub.MODELS == {'x': 1}
+    call_after_import('polapp_hook_probe.hub', register)  # imported already: called at once
+    assert seen == ['polapp_hook_probe.hub'] * 2
+    import importlib
+    importlib.reload(hub)  # the hook is gone after its one use
+    assert len(seen) == 2 and hub.MODELS == {}
+    monkeypatch.delitem(sys.modules, 'polapp_hook_probe.hub')
+    monkeypatch.delitem(sys.modules, 'polapp_hook_probe')
+    with pytest.raises(ValueError, match='expected a module name'):
+        call_after_import('', register)
