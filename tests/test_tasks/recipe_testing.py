@@ -58,7 +58,8 @@ def _wrapper_cfg(cfg):
     return runnable.optim_wrapper
 
 
-def _optim_wrapper(cfg, model):
+def optim_wrapper(cfg, model):
+    """The optim wrapper mmengine builds from ``cfg.optim_wrapper`` for ``model``."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
     init_default_scope(cfg.get('default_scope') or 'mmengine')
@@ -72,7 +73,7 @@ def optimizer_groups(cfg, model) -> List[Dict]:
     """
     names = {id(p): n for n, p in model.named_parameters()}
     groups = []
-    for group in _optim_wrapper(cfg, model).optimizer.param_groups:
+    for group in optim_wrapper(cfg, model).optimizer.param_groups:
         groups.append(dict(names=[names[id(p)] for p in group['params']], lr=group['lr'],
                            weight_decay=group.get('weight_decay', 0.0)))
     return groups

@@ -121,3 +121,49 @@ def test_accumulated_run_equals_the_large_batch_run(demo_in1k, tmp_path):
     assert not torch.equal(ema[stem], raw['module.' + stem])
     assert torch.equal(backbone.state_dict()['stem.0.conv.weight'], raw['module.' + stem])
 
+
+def toy_model():
+    """One weight and a loss on it, as an mmengine model."""
+    from mmengine.model import BaseModel
+
+    class Toy(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, inputs, data_samples=None, mode='loss'):
+            return dict(loss=((self.weight * inputs) ** 2).mean())
+
+    return Toy()
+
+
+@pytest.mark.parametrize('n', [1, 2])
+def test_runner_steps_with_the_authors_lr(tmp_path, n):
+    """mmengine's Runner trains b4's published schedule (310 epochs, 1 optimizer step each) with
+    ``--accumulate n``: the lr each optimizer step is made with is timm's, as the authors' loop
+    uses it (their formula: test_classification_configs.authors_lrs)."""
+    from mmengine.hooks import Hook
+    from mmengine.runner import Runner
+
+    from test_classification_configs import AUTHORS, authors_lrs
+    cfg = accumulated(published('classification/polapp-b4_8xb128_in1k.py'), n)
+    used = []
+
+    class RecordStepLR(Hook):
+        def before_train(self, runner):
+            optimizer = runner.optim_wrapper.optimizer
+            optimizer.register_step_pre_hook(lambda opt, *_: used.append(opt.param_groups[0]['lr']))
+
+    runner = Runner(
+        model=toy_model(), work_dir=str(tmp_path), default_scope='mmengine',
+        train_dataloader=dict(dataset=[dict(inputs=torch.ones(1))] * n, batch_size=1, num_workers=0,
+                              sampler=dict(type='DefaultSampler', shuffle=False),
+                              collate_fn=dict(type='default_collate')),
+        train_cfg=dict(by_epoch=True, max_epochs=cfg.train_cfg.max_epochs),
+        optim_wrapper=dict(cfg.optim_wrapper, paramwise_cfg=None), param_scheduler=cfg.param_scheduler,
+        default_hooks=dict(checkpoint=None, logger=None), custom_hooks=[RecordStepLR()],
+        log_level='WARNING', env_cfg=dict(dist_cfg=dict(backend='gloo')))
+    runner.train()
+    expected = authors_lrs(AUTHORS['b4'], steps_per_epoch=1)
+    assert len(used) == len(expected) == 310
+    assert used == pytest.approx(expected, rel=1e-9, abs=0)

@@ -1,12 +1,14 @@
-# The authors' ImageNet-1K schedule: AdamW (0.9, 0.999), eps 1e-8, lr 5e-4 per 512
-# images (each config sets lr for its total batch; the warm-up start and the final lr
-# are ratios of it, so they scale with it as the authors' linear scaling scales all
-# three), weight decay 0.05 on every tensor except 1-D ones and biases (their
-# optimizer's rule on their parameter shapes: their layer scales are (1, C, 1, 1) and
-# their temperatures (1, h, 1, 2d), so both are decayed), grad clip 5.0, fp32,
-# 20 warm-up epochs from 1e-3 x lr replacing the start of one 300-epoch cosine to
-# 2e-4 x lr (1e-7 per 512 images; b4/b5 override it), stepped every iteration;
-# model EMA 0.99982 on weights and buffers.
+# The authors' ImageNet-1K training defaults (polaformer++/config.py, run by main_ema.py); each
+# arch's config sets what its cfgs/pola_b*.yaml overrides (configs/classification/README.md cites
+# every value):
+# AdamW (0.9, 0.999), eps 1e-8; lr 5e-4, warm-up start 5e-7 and final lr 5e-6 per 512 images
+# (main_ema.py multiplies all three by the images per step / 512: each config sets lr for its own
+# batch and gives the other two as ratios of it, so `--auto-scale-lr` scales them alike); weight
+# decay 0.05 on every tensor except 1-D ones and biases (their optimizer's rule on their parameter
+# shapes: their layer scales are (1, C, 1, 1) and their temperatures (1, h, 1, 2d), so both are
+# decayed); grad clip 5.0; fp32; 20 warm-up epochs replacing the start of one 300-epoch cosine,
+# no cool-down epochs; the lr is set after every optimizer step (the next step uses it); model EMA
+# 0.99982 on weights and buffers after every optimizer step.
 optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=5e-4, weight_decay=0.05, eps=1e-8, betas=(0.9, 0.999)),
     paramwise_cfg=dict(
@@ -21,24 +23,25 @@ optim_wrapper = dict(
     clip_grad=dict(max_norm=5.0),
 )
 
-warmup_epochs = 20
-max_epochs = 300
-# timm's CosineLRScheduler as the authors' Swin-style code builds it (no warm-up prefix,
-# stepped every iteration): one cosine over all 300 epochs whose first 20 epochs are
-# replaced by the linear warm-up (see polaformerpp.engine.WarmupCosineLR)
+# timm's CosineLRScheduler as their lr_scheduler.py builds it (t_initial = cosine epochs, warmup_t,
+# warmup_lr_init, lr_min, cycle_limit=1, no warm-up prefix, per iteration), trained for the cosine
+# epochs plus the cool-down epochs at the final lr (polaformerpp.engine.WarmupCosineLR). A config
+# that changes a value restates the whole list (mmengine replaces lists whole) and train_cfg.
 param_scheduler = [
     dict(
         type='WarmupCosineLR',
-        warmup=warmup_epochs,
-        warmup_start_factor=5e-7 / 5e-4,  # warm-up lr 5e-7 per 512 images
-        eta_min_ratio=1e-7 / 5e-4,  # min lr 1e-7 per 512 images
+        warmup=20,
+        warmup_start_factor=5e-7 / 5e-4,
+        eta_min_ratio=5e-6 / 5e-4,
+        cooldown=0,
+        lagged=True,
         by_epoch=True,
         begin=0,
-        end=max_epochs,
+        end=300 + 0,  # cosine epochs + cool-down epochs
         convert_to_iter_based=True),
 ]
 
-train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=1)
+train_cfg = dict(by_epoch=True, max_epochs=300 + 0, val_interval=1)
 val_cfg = dict()
 test_cfg = dict()
 
