@@ -163,16 +163,21 @@ def test_call_after_import_runs_after_the_module_and_once(tmp_path, monkeypatch)
         module.MODELS['x'] = 1  # the module's code has run
         seen.append(module.__name__)
 
-    call_after_import('polapp_hook_probe.hub', register)
-    assert seen == [] and 'polapp_hook_probe.hub' not in sys.modules  # nothing imported by the call
-    import polapp_hook_probe.hub as hub
-    assert seen == ['polapp_hook_probe.hub'] and hub.MODELS == {'x': 1}
-    call_after_import('polapp_hook_probe.hub', register)  # imported already: called at once
-    assert seen == ['polapp_hook_probe.hub'] * 2
-    import importlib
-    importlib.reload(hub)  # the hook is gone after its one use
-    assert len(seen) == 2 and hub.MODELS == {}
-    monkeypatch.delitem(sys.modules, 'polapp_hook_probe.hub')
-    monkeypatch.delitem(sys.modules, 'polapp_hook_probe')
+    finders = list(sys.meta_path)
+    try:
+        call_after_import('polapp_hook_probe.hub', register)
+        assert seen == [] and 'polapp_hook_probe.hub' not in sys.modules  # nothing imported by the call
+        import polapp_hook_probe.hub as hub
+        assert seen == ['polapp_hook_probe.hub'] and hub.MODELS == {'x': 1}
+        assert sys.meta_path == finders  # the hook removed itself
+        call_after_import('polapp_hook_probe.hub', register)  # imported already: called at once
+        assert seen == ['polapp_hook_probe.hub'] * 2
+        import importlib
+        importlib.reload(hub)  # the hook was used once
+        assert len(seen) == 2 and hub.MODELS == {}
+    finally:
+        sys.meta_path[:] = finders
+        for name in ('polapp_hook_probe.hub', 'polapp_hook_probe'):
+            sys.modules.pop(name, None)
     with pytest.raises(ValueError, match='expected a module name'):
         call_after_import('', register)
