@@ -9,10 +9,12 @@ HERE = osp.dirname(osp.abspath(__file__))
 
 
 def cpu_extensions():
-    """The fused CPU feature-map kernels (``polaformerpp.ops.pola_attention._pola_features_cpu``).
+    """The project's one compiled extension, ``polaformerpp.ops._C``: every op's CPU kernels.
 
-    Optional: without a C++ compiler the package installs and the attention
-    falls back to its eager torch implementation.
+    Laid out by op under ``polaformerpp/ops/csrc/`` (``pola_attention/``,
+    ``depthwise/``, ``linear_epilogues/``; shared headers in ``include/``);
+    ``polaformerpp/ops/library.py`` loads it. Optional: without a C++ compiler
+    the package installs and every op runs its plain torch form.
     """
     try:
         import torch
@@ -21,12 +23,14 @@ def cpu_extensions():
         return [], {}
     version = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2])
     std = '-std=c++20' if version >= (2, 14) else '-std=c++17'  # torch 2.14 headers need C++20
+    csrc = osp.join('polaformerpp', 'ops', 'csrc')
+    sources = [osp.join(csrc, 'extension.cpp')] + sorted(
+        osp.join(csrc, op, name) for op in ('pola_attention', 'depthwise', 'linear_epilogues')
+        for name in os.listdir(osp.join(HERE, csrc, op)) if name.endswith('.cpp'))
     ext = CppExtension(
-        'polaformerpp.ops.pola_attention._pola_features_cpu',
-        ['polaformerpp/ops/pola_attention/csrc/pola_features_cpu.cpp',
-         'polaformerpp/ops/pola_attention/csrc/depthwise_conv_cpu.cpp',
-         'polaformerpp/ops/pola_attention/csrc/gelu_cpu.cpp',
-         'polaformerpp/ops/pola_attention/csrc/residual_cpu.cpp'],
+        'polaformerpp.ops._C',
+        sources,
+        include_dirs=[osp.join(HERE, csrc, 'include')],
         # no -ffast-math: only the two flags that let the loops' selects vectorise
         extra_compile_args=['-O3', '-fno-trapping-math', '-fno-math-errno', '-fopenmp', std],
         extra_link_args=['-fopenmp'],

@@ -6,7 +6,7 @@
 # mmcv 2.1.0 ships only as a source release and mmdet/mmseg need its compiled
 # ops, so it is built once (CPU ops; about 40 min on 2 cores) and the wheel is
 # kept in a cache outside the repository; later installs reuse it. The
-# package's own fused CPU attention kernels (polaformerpp/ops/pola_attention/csrc) are compiled
+# package's own compiled kernels (one extension, polaformerpp/ops/csrc/<op>/) are compiled
 # in place at the end (about a minute).
 #
 # Environment variables:
@@ -23,7 +23,7 @@ MMCV_VERSION=2.1.0
 
 stamp_of() {
     cat "$ROOT"/requirements/*.txt "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" \
-        "$ROOT"/polaformerpp/ops/pola_attention/csrc/* | sha256sum | cut -d' ' -f1
+        "$ROOT"/polaformerpp/ops/csrc/*.cpp "$ROOT"/polaformerpp/ops/csrc/*/* | sha256sum | cut -d' ' -f1
 }
 STAMP_FILE=$VENV/.polaformerpp-stamp
 if [[ -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$(stamp_of)" ]]; then

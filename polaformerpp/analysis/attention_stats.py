@@ -60,7 +60,7 @@ from torch import Tensor
 
 from polaformerpp.models.layers import PolaLinearAttention
 from polaformerpp.ops import pola_rope_tables
-from polaformerpp.ops.pola_attention.naive import pola_attention_weights
+from polaformerpp.ops.pola_attention import pola_attention_weights
 from polaformerpp.utils.progress import track
 
 __all__ = [

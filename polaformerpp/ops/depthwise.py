@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .pola_attention.cpu import cpu_kernels_apply, kernels
+from .library import cpu_kernels_apply, kernels
 from .tracing import is_tracing
 
 __all__ = ['depthwise_conv2d', 'depthwise_conv2d_backward']

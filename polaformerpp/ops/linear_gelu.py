@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .pola_attention.cpu import cpu_kernels_apply, kernels
+from .library import cpu_kernels_apply, kernels
 
 __all__ = ['linear_gelu', 'linear_gelu_kernel_applies']
 

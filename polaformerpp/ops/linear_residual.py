@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .pola_attention.cpu import cpu_kernels_apply, kernels
+from .library import cpu_kernels_apply, kernels
 
 __all__ = ['linear_scaled_residual', 'linear_residual_kernel_applies', 'drop_path_scales']
 

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from polaformerpp.ops.pola_attention.common import is_tracing
+from polaformerpp.ops.tracing import is_tracing
 
 __all__ = ['relative_position_index', 'padded_size', 'window_partition', 'window_merge', 'ShiftedWindowAttention']
 

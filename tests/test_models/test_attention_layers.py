@@ -1,10 +1,17 @@
-"""The token mixers and the block: one projection name, the head split, stochastic depth."""
+"""The token mixers and the block (plain and fused): one projection name, the head split, stochastic depth."""
 import pytest
 import torch
 
 from polaformerpp.models.layers import ConvBN, ConvFFN, PolaFormerBlock, PolaLinearAttention, RoPESoftmaxAttention
-from polaformerpp.models.layers.fused import conv_bn_act, inference_fusable, layer_norm_to_nchw, linear_act
 from polaformerpp.ops import RopeGrid, apply_rope, pola_attention, rope_2d_tables
+from polaformerpp.ops.fusion import (
+    PolaLinearAttentionCPU,
+    conv_bn_act,
+    fuse_modules,
+    inference_fusable,
+    layer_norm_to_nchw,
+    linear_act,
+)
 
 
 @pytest.mark.parametrize('cls', [PolaLinearAttention, RoPESoftmaxAttention])
@@ -91,12 +98,16 @@ def _plain_block(block, x):
     return (t + block.gamma2 * ffn.fc2(h)).permute(0, 3, 1, 2)
 
 
+@pytest.mark.parametrize('fused', [False, True], ids=['plain', 'fused'])
 @pytest.mark.parametrize('attn_type', ['linear', 'softmax'])
-def test_block_equals_its_plain_form_in_inference_and_training(attn_type):
-    """Channels-last tokens, fused epilogues and in-place passes (inference) and the autograd path
-    (training: values and every gradient) against the block written out in NCHW."""
+def test_block_equals_its_plain_form_in_inference_and_training(attn_type, fused):
+    """The plain block and its fused form (channels-last tokens, fused epilogues and in-place passes in
+    inference, the fused autograd path in training: values and every gradient) against the block written
+    out in NCHW."""
     torch.manual_seed(0)
     block = _randomised(PolaFormerBlock(32, 2, attn_type=attn_type))
+    if fused:
+        fuse_modules(block)
     x = torch.randn(2, 32, 6, 5)
     tokens = x.permute(0, 2, 3, 1).contiguous()
     block.eval()
@@ -114,23 +125,27 @@ def test_block_equals_its_plain_form_in_inference_and_training(attn_type):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize('fused', [False, True], ids=['plain', 'fused'])
 @pytest.mark.parametrize('attn_type', ['linear', 'softmax'])
-def test_block_modules_keep_their_hooks(attn_type):
-    """Hooks on the modules the fused forms fold (the token mixer, its output product, the FFN's
-    products and convs) fire in inference and training, and the output stays the fused one's."""
+def test_block_modules_keep_their_hooks(attn_type, fused):
+    """Hooks on every module of the block (those the fused forms fold too: the token mixer, its
+    products and LePE, the FFN's products and convs) fire in inference and training, and the output
+    stays the same."""
     block = _randomised(PolaFormerBlock(32, 2, attn_type=attn_type))
+    if fused:
+        fuse_modules(block)
     tokens = torch.randn(2, 6, 5, 32)
     with torch.no_grad():
         expected = block.eval()(tokens)
-    watched = [block.attn, block.attn.in_proj, block.attn.proj, block.ffn.fc1, block.ffn.act, block.ffn.dwconv,
-               block.ffn.fc2, block.cpe]
+    watched = [block.attn, block.attn.in_proj, block.attn.lepe, block.attn.proj, block.ffn.fc1, block.ffn.act,
+               block.ffn.dwconv, block.ffn.fc2, block.cpe]
     calls = []
     handles = [m.register_forward_pre_hook(lambda module, args: calls.append(module)) for m in watched]
     try:
         with torch.no_grad():
             torch.testing.assert_close(block(tokens), expected, rtol=1e-5, atol=1e-5)
-        assert calls == [block.cpe, block.attn, block.attn.in_proj, block.attn.proj, block.ffn.fc1, block.ffn.act,
-                         block.ffn.dwconv, block.ffn.fc2]
+        assert calls == [block.cpe, block.attn, block.attn.in_proj, block.attn.lepe, block.attn.proj,
+                         block.ffn.fc1, block.ffn.act, block.ffn.dwconv, block.ffn.fc2]
         calls.clear()
         block.train()(tokens).sum().backward()
         assert len(calls) == len(watched)
@@ -184,7 +199,7 @@ def test_ffn_in_row_blocks_equals_the_whole_map(rows):
     """Row blocks with one halo row each side (1 row, 3 rows with a partial last block, the whole map;
     batch 2): the whole-map FFN's output."""
     torch.manual_seed(0)
-    ffn = _randomised(ConvFFN(8, 28))
+    ffn = fuse_modules(_randomised(ConvFFN(8, 28)))
     x = torch.randn(2, 11, 7, 8)
     with torch.no_grad():
         out = ffn.forward_in_row_blocks(x, block_bytes=rows * 7 * 28 * 4)
@@ -194,11 +209,11 @@ def test_ffn_in_row_blocks_equals_the_whole_map(rows):
 
 def test_ffn_takes_row_blocks_for_large_maps_in_inference_only(monkeypatch):
     torch.manual_seed(0)
-    ffn = _randomised(ConvFFN(8, 28))
+    ffn = fuse_modules(_randomised(ConvFFN(8, 28)))
     calls = []
     forward_in_row_blocks = ffn.forward_in_row_blocks
     monkeypatch.setattr(ffn, 'forward_in_row_blocks', lambda x: calls.append(x.shape) or forward_in_row_blocks(x))
-    monkeypatch.setattr('polaformerpp.models.layers.blocks.FFN_ROW_BLOCKS_FROM_BYTES', 2 * 2**20)
+    monkeypatch.setattr('polaformerpp.ops.fusion.modules.FFN_ROW_BLOCKS_FROM_BYTES', 2 * 2**20)
     large = torch.randn(1, 160, 160, 8)  # a 2.7 MiB hidden map, over the threshold set above
     with torch.no_grad():
         torch.testing.assert_close(ffn(large), _ffn_plain(ffn, large), rtol=1e-5, atol=1e-5)
@@ -232,7 +247,7 @@ def test_linear_attention_trains_as_one_function_on_the_cpu(C, heads, use_rope, 
     plain form on the eager backend: output and every gradient. d = 16, 64 take the vector rows;
     C = 36 (d = 12) the scalar rows and oneDNN's conv weight gradient."""
     torch.manual_seed(C)
-    fused = _randomised(PolaLinearAttention(C, heads, use_rope=use_rope), seed=C)
+    fused = fuse_modules(_randomised(PolaLinearAttention(C, heads, use_rope=use_rope), seed=C))
     plain = _randomised(PolaLinearAttention(C, heads, use_rope=use_rope, backend='torch'), seed=C)
     x = torch.randn(2, H, W, C)
     outs, grads = [], []
@@ -248,9 +263,7 @@ def test_linear_attention_trains_as_one_function_on_the_cpu(C, heads, use_rope, 
 
 def test_linear_attention_training_function_is_used_and_steps_aside():
     """In-range inputs run the Function; inputs needing exponent shifts take the plain form."""
-    from polaformerpp.models.layers.linear_attention_cpu import PolaLinearAttentionCPU
-
-    module = PolaLinearAttention(32, 2)
+    module = fuse_modules(PolaLinearAttention(32, 2))
     seen = []
     original = PolaLinearAttentionCPU.apply
 

@@ -47,10 +47,14 @@ def test_any_attention_combination(attn_types):
 
 
 def test_stage_attention_types_follow_config():
-    model = PolaFormerPP('b0')
-    kinds = [type(stage.blocks[0].attn).__name__ for stage in model.stages]
-    assert kinds == ['PolaLinearAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention',
-                     'RoPESoftmaxAttention']
+    from polaformerpp.models.layers import PolaLinearAttention, RoPESoftmaxAttention
+
+    for fused in (False, True):
+        model = PolaFormerPP('b0', fused=fused)
+        kinds = [stage.blocks[0].attn for stage in model.stages]
+        assert [type(m) is PolaLinearAttention for m in kinds] == [not fused] * 2 + [False] * 2
+        assert [isinstance(m, PolaLinearAttention) for m in kinds] == [True, True, False, False]
+        assert [isinstance(m, RoPESoftmaxAttention) for m in kinds] == [False, False, True, True]
 
 
 def test_arch_defaults_drop_path_and_layer_scale():
@@ -137,3 +141,54 @@ def test_builds_from_every_library_scope(scope):
     with DefaultScope.overwrite_default_scope(scope):
         model = registry.build(dict(type='PolaFormerPP', arch=TINY, out_indices=(0, 1, 2, 3)))
     assert isinstance(model, PolaFormerPP)
+
+
+def test_fused_and_plain_backbones_agree_and_share_keys():
+    """``fused=True`` (the default) and ``fused=False`` build the same module tree and parameter names;
+    with the same weights their outputs agree in inference and training, gradients included, and
+    unfusing gives the plain modules back."""
+    from polaformerpp.ops.fusion import is_fused, unfuse_modules
+
+    torch.manual_seed(0)
+    kwargs = dict(arch=TINY, out_indices=(0, 3, 4), drop_path_rate=0.0)
+    fused, plain = PolaFormerPP(**kwargs), PolaFormerPP(fused=False, **kwargs)
+    assert [n for n, _ in fused.named_modules()] == [n for n, _ in plain.named_modules()]
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    assert any(is_fused(m) for m in fused.modules()) and not any(is_fused(m) for m in plain.modules())
+    plain.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 3, 36, 44)
+    fused.eval(), plain.eval()
+    with torch.no_grad():
+        for a, b in zip(fused(x), plain(x)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    fused.train(), plain.train()
+    grads = []
+    for model in (fused, plain):
+        outs = model(x)
+        sum(o.square().mean() for o in outs).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-4, msg=name)
+    unfuse_modules(fused)
+    assert not any(is_fused(m) for m in fused.modules())
+
+
+def test_hooks_on_every_module_fire_in_the_fused_backbone():
+    """The tree a user hooks is the tree that runs: forward hooks on the LePE convs and the
+    classification projection fire (the fused forms step aside for hooked modules)."""
+    torch.manual_seed(0)
+    model = PolaFormerPP(TINY, out_indices=(4, )).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)[0]
+    watched = [model.cls_proj, model.cls_proj.conv, model.stem[0].conv, model.stages[0].blocks[0].attn.lepe,
+               model.stages[3].blocks[0].attn.lepe]
+    seen = []
+    handles = [m.register_forward_hook(lambda m, args, out: seen.append(m)) for m in watched]
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(model(x)[0], expected, rtol=1e-5, atol=1e-5)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert sorted(map(id, seen)) == sorted(map(id, watched))

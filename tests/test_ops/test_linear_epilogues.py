@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from polaformerpp.ops.library import kernels
 from polaformerpp.ops.linear_gelu import linear_gelu, linear_gelu_kernel_applies
 from polaformerpp.ops.linear_residual import drop_path_scales, linear_residual_kernel_applies, linear_scaled_residual
-from polaformerpp.ops.pola_attention.cpu import kernels
 
 pytestmark = pytest.mark.skipif(kernels is None, reason='the CPU kernels are not built')
 

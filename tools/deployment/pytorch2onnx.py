@@ -20,9 +20,10 @@ not fit is refused with the keys (``--allow-partial`` to go on).
 The graph is captured with ``torch.export`` (non-strict) and translated by
 ``torch.onnx``'s dynamo exporter (onnxscript). The TorchScript exporter
 (``dynamo=False``) is not used: its graph of the attention does not load in
-onnxruntime (a ``Concat`` fails shape inference). The attention is traced
-through its eager torch backend (the fused CPU and Triton kernels are not
-ONNX operators; the maths is the same). ``--dynamic`` makes H and W symbolic
+onnxruntime (a ``Concat`` fails shape inference). The exported program holds
+the attention's fused CPU kernel as a custom op; it is decomposed into the
+op's eager torch form before translation (the kernel is not an ONNX
+operator; the maths is the same). ``--dynamic`` makes H and W symbolic
 (``height``, ``width``; ``H, W >= 64`` for classifiers and backbones, so that
 the stride-32 stage keeps 2x2 tokens, ``>= 17`` for SR, two windows): the
 export then checks the traced graph's shape guards at several sizes (from
@@ -58,6 +59,7 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config, DictAction
 
+from polaformerpp.ops.pola_attention import eager_decompositions
 from polaformerpp.utils.checkpoint import ALLOW_PARTIAL_HELP, UNSAFE_LOAD_HELP, exit_on_checkpoint_error
 from polaformerpp.utils.cli import ArgumentCheckError, image_shape, parser_errors, positive_float, run_cli
 
@@ -250,6 +252,7 @@ def capture_program(module: nn.Module, example: torch.Tensor, dynamic: bool, min
         dynamic_shapes = (dims, )
     with torch.no_grad():
         program = torch.export.export(module, (example, ), dynamic_shapes=dynamic_shapes, strict=False)
+        program = program.run_decompositions(eager_decompositions())  # the kernels' custom ops -> torch ops
     if dynamic:
         check_guards(program, example, probe_sizes(tuple(example.shape[-2:]), min_size))
     return program

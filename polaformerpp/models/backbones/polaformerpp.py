@@ -9,8 +9,9 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ..layers import ConvBN, PolaFormerBlock
-from ..layers.fused import conv_bn_act, layer_norm_to_nchw
+from polaformerpp.ops.fusion import fuse_modules
+
+from ..layers import ChannelLayerNorm, ConvBN, PolaFormerBlock, Stem
 
 __all__ = ['PolaFormerPP']
 
@@ -18,27 +19,6 @@ ATTN_TYPES = ('linear', 'softmax')
 #: the authors' released layout: linear attention in stages 1-2, softmax in 3-4
 RELEASED_ATTN_TYPES = ('linear', 'linear', 'softmax', 'softmax')
 CLS_PROJ_INDEX = 4
-
-
-class Stem(nn.Sequential):
-    """Four 3x3 conv+BN (stride 2, 1, 1, 2), GELU after the first three: ``(B, 3, H, W) -> (B, C, H/4, W/4)``.
-
-    Each conv+BN+GELU is one fused pass in CPU inference (:class:`ConvBN`).
-    """
-
-    def __init__(self, in_channels: int, embed_dims: int):
-        mid = embed_dims // 2
-        super().__init__(
-            ConvBN(in_channels, mid, stride=2), nn.GELU(),
-            ConvBN(mid, mid), nn.GELU(),
-            ConvBN(mid, mid), nn.GELU(),
-            ConvBN(mid, embed_dims, stride=2))
-
-    def forward(self, x: Tensor) -> Tensor:
-        layers = list(self)
-        for i in range(0, len(layers), 2):
-            x = layers[i](x, layers[i + 1] if i + 1 < len(layers) else None)
-        return x
 
 
 class PolaFormerStage(nn.Module):
@@ -69,16 +49,6 @@ class PolaFormerStage(nn.Module):
         if self.downsample is None:
             return x, x
         return x, self.downsample(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-
-
-class ChannelLayerNorm(nn.LayerNorm):
-    """LayerNorm over the channels of channels-last tokens ``(B, H, W, C)``; returns a contiguous
-    NCHW tensor ``(B, C, H, W)``."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        # a channels-last result would propagate through necks and break ops that read
-        # NCHW memory directly (mmcv's RoIAlign then pools the wrong values)
-        return layer_norm_to_nchw(self, x)
 
 
 @MODELS.register_module()
@@ -112,6 +82,9 @@ class PolaFormerPP(BaseModule):
         norm_eval (bool): keep BatchNorm layers in eval mode while training.
         attn_backend (str): backend of :func:`pola_attention`. Default ``'auto'``.
         with_cp (bool): gradient checkpointing per block.
+        fused (bool): run the fused forms of the layers
+            (:func:`polaformerpp.ops.fusion.fuse_modules`: same parameters and
+            outputs, faster on the CPU); False keeps the plain modules. Default True.
         init_cfg (dict, optional): e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
     """
 
@@ -144,6 +117,7 @@ class PolaFormerPP(BaseModule):
                  norm_eval: bool = False,
                  attn_backend: str = 'auto',
                  with_cp: bool = False,
+                 fused: bool = True,
                  init_cfg: Union[dict, List[dict], None] = None):
         super().__init__(init_cfg=init_cfg)
         self.arch_settings = self._resolve_arch(arch)
@@ -201,6 +175,8 @@ class PolaFormerPP(BaseModule):
             self.cls_proj.add_module('act', nn.SiLU())
         self.num_features = [*embed_dims, cls_proj_channels]
         self._freeze_stages()
+        if fused:
+            fuse_modules(self)
 
     def _resolve_arch(self, arch) -> dict:
         if isinstance(arch, str):
@@ -240,15 +216,13 @@ class PolaFormerPP(BaseModule):
             raise ValueError(f'PolaFormerPP expects input of shape (B, {self.in_channels}, H, W), '
                              f'got {tuple(x.shape)}')
         outs = []
-        # one layout from the stem on: channels-last memory, i.e. (B, H, W, C) tokens
-        x = self.stem(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
+        x = self.stem(x).permute(0, 2, 3, 1)  # tokens (B, H, W, C) from the stem on
         for i, stage in enumerate(self.stages):
             feat, x = stage(x)
             if i in self.out_indices:
                 outs.append(getattr(self, f'norm{i}')(feat))
         if CLS_PROJ_INDEX in self.out_indices:
-            proj = self.cls_proj
-            outs.append(conv_bn_act(proj.conv, proj.bn, proj.act, feat.permute(0, 3, 1, 2)))
+            outs.append(self.cls_proj(feat.permute(0, 3, 1, 2)))
         return tuple(outs)
 
     def _freeze_stages(self):

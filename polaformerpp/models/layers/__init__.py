@@ -1,7 +1,7 @@
 from .attention import GatedAttention, PolaLinearAttention, RoPESoftmaxAttention, build_token_mixer
-from .blocks import ConvBN, ConvFFN, PolaFormerBlock
+from .blocks import ChannelLayerNorm, ConvBN, ConvFFN, PolaFormerBlock, Stem
 
 __all__ = [
     'GatedAttention', 'PolaLinearAttention', 'RoPESoftmaxAttention', 'build_token_mixer', 'ConvBN',
-    'ConvFFN', 'PolaFormerBlock'
+    'ConvFFN', 'PolaFormerBlock', 'Stem', 'ChannelLayerNorm'
 ]

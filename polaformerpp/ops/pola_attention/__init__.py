@@ -34,8 +34,10 @@ Modules
 * :mod:`.naive` - the readable reference (quadratic and linear form, feature
   maps, per-query weights), plain torch;
 * :mod:`.eager` - the chunked PyTorch backend (``backend='torch'``);
-* :mod:`.cpu` - the fused CPU forward (``backend='cpu'``, C++ in ``csrc/``);
+* :mod:`.cpu` - the fused CPU forward (``backend='cpu'``, C++ in ``polaformerpp/ops/csrc/pola_attention/``);
 * :mod:`.cpu_backward` - its analytic backward, for training on the CPU;
+* :mod:`.custom_ops` - both as torch custom ops (fake kernels, autograd), what
+  ``torch.compile`` and ``torch.export`` trace;
 * :mod:`.triton_kernels` and :mod:`.triton_ops` - the fused Triton backend
   (``backend='triton'``), imported on first use;
 * :mod:`.common` - what the backends share (chunking, signed temperatures,
@@ -43,6 +45,10 @@ Modules
 * :mod:`.dispatch` - :func:`pola_attention`: argument checks, backend choice
   and the one conversion of the RoPE argument.
 """
+from .common import as_rope_halves
+from .cpu import cpu_kernels_apply, exponent_shift_needed, pola_attention_cpu_with_state
+from .cpu_backward import pola_attention_cpu_backward
+from .custom_ops import eager_decompositions
 from .dispatch import available_backends, gated_output, pola_attention, pola_attention_gated
 from .eager import pola_attention_torch
 from .naive import naive_pola_attention, naive_pola_attention_quadratic, pola_attention_weights, pola_feature_maps
@@ -50,5 +56,10 @@ from .naive import naive_pola_attention, naive_pola_attention_quadratic, pola_at
 __all__ = [
     'pola_attention', 'pola_attention_gated', 'gated_output', 'pola_attention_torch', 'pola_feature_maps',
     'available_backends',
-    'pola_attention_weights', 'naive_pola_attention', 'naive_pola_attention_quadratic'
+    'pola_attention_weights', 'naive_pola_attention', 'naive_pola_attention_quadratic',
+    # the fused CPU backend's pieces, for the fused modules (polaformerpp.ops.fusion)
+    'cpu_kernels_apply', 'exponent_shift_needed', 'pola_attention_cpu_with_state', 'pola_attention_cpu_backward',
+    'as_rope_halves',
+    # the custom ops' eager form, for exporters to formats without them (ONNX)
+    'eager_decompositions'
 ]

@@ -1,6 +1,7 @@
 """Fused CPU forward of :func:`~polaformerpp.ops.pola_attention` (``backend='cpu'``).
 
-The C++ kernels in ``csrc/pola_features_cpu.cpp`` build each token's feature
+The C++ kernels (``polaformerpp/ops/csrc/pola_attention/``, loaded by
+:mod:`polaformerpp.ops.library`) build each token's feature
 maps in registers (one exp per element and stream, RoPE as a pair rotation,
 the denominator ``phi . m`` on the fly).
 
@@ -29,6 +30,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..library import cpu_kernels_apply, kernels
 from ..rope import RopeHalves
 from .common import (
     MAX_QUERY_EXPONENT,
@@ -38,7 +40,6 @@ from .common import (
     check_temperatures,
     chunk_tokens,
     exceeds_shift_free_range,
-    is_tracing,
     key_exponent_shifts,
     key_normalisation,
     needs_exponent_shift,
@@ -48,11 +49,6 @@ from .common import (
     token_chunks,
 )
 
-try:  # the private compiled extension, loaded only here
-    from . import _pola_features_cpu as kernels
-except ImportError:  # built by tools/setup_env.sh (setup.py build_ext --inplace); needs a C++ compiler
-    kernels = None
-
 __all__ = ['pola_attention_cpu', 'pola_attention_cpu_with_state', 'cpu_kernels_available', 'cpu_kernels_apply',
            'exponent_shift_needed']
 
@@ -60,14 +56,6 @@ __all__ = ['pola_attention_cpu', 'pola_attention_cpu_with_state', 'cpu_kernels_a
 def cpu_kernels_available() -> bool:
     """Whether the compiled CPU kernels were built with this installation."""
     return kernels is not None
-
-
-def cpu_kernels_apply(*tensors: Optional[Tensor]) -> bool:
-    """Whether the compiled kernels may compute on ``tensors`` (None entries skipped): kernels built,
-    fp32 CPU tensors, not traced or compiled, no CPU autocast (the conditions every fused CPU form shares)."""
-    if kernels is None or is_tracing() or torch.is_autocast_enabled('cpu'):
-        return False
-    return all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors if t is not None)
 
 
 def float_rows(t: Tensor) -> Tensor:

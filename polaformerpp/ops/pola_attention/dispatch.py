@@ -23,6 +23,7 @@ from .common import (
 )
 from .cpu import cpu_kernels_available, exponent_shift_needed, pola_attention_cpu
 from .cpu_backward import pola_attention_cpu_trainable
+from .custom_ops import pola_attention_cpu_traceable
 from .eager import pola_attention_torch
 
 __all__ = ['pola_attention', 'pola_attention_gated', 'gated_output', 'available_backends', 'BACKENDS']
@@ -67,9 +68,9 @@ def _pick_backend(q: Tensor, k: Tensor, v: Tensor) -> str:
     if (_on_triton_device(q) and fused_dtypes and v.shape[-1] == q.shape[-1] and _triton_usable()
             and not _triton_failed_before(q)):
         return 'triton'
-    # the compiled kernels are opaque to torch.compile and torch.jit.trace (flop counters,
-    # export): those see the eager backend
-    if q.device.type == 'cpu' and fused_dtypes and not is_tracing() and cpu_kernels_available():
+    # torch.compile and torch.export see the compiled kernels as custom ops (.custom_ops);
+    # torch.jit.trace (flop counters) sees the eager backend
+    if q.device.type == 'cpu' and fused_dtypes and not torch.jit.is_tracing() and cpu_kernels_available():
         return 'cpu'
     return 'torch'
 
@@ -128,7 +129,8 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
             backend's autograd for inputs that need exponent shifts),
             ``'triton'`` (CUDA tensors) or ``'auto'`` (the fastest one usable
             for these tensors: triton on CUDA, cpu for fp32/fp16/bf16 CPU
-            tensors, torch otherwise and under torch.compile / tracing; never
+            tensors (as custom ops under torch.compile / torch.export), torch
+            otherwise and under torch.jit.trace; never
             fails: where the Triton kernels fail to build or launch it warns
             once and runs the torch backend).
 
@@ -155,7 +157,10 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp:
         if q.device.type != 'cpu' or q.dtype not in FUSED_DTYPES or not cpu_kernels_available():
             raise ValueError("backend='cpu' needs CPU tensors in fp32/fp16/bf16 and the compiled "
                              "kernels (tools/setup_env.sh builds them); use backend='torch' or 'auto'")
-        implementation = _cpu_trainable if records_grad else pola_attention_cpu
+        if torch.compiler.is_compiling():  # one custom op with its fake kernel and autograd
+            implementation = pola_attention_cpu_traceable
+        else:
+            implementation = _cpu_trainable if records_grad else pola_attention_cpu
     elif backend == 'triton':
         if not _triton_usable():
             raise ValueError("backend='triton' is not available in this build: "
@@ -246,7 +251,7 @@ def pola_attention_gated(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, tem
         t.requires_grad for t in (q, k, v, temp_same, temp_opp, lepe, gate, *rope_tensors(rope)))
     chosen = _pick_backend(q, k, v) if backend == 'auto' else backend
     if chosen == 'cpu' and q.device.type == 'cpu' and not records_grad and cpu_kernels_available() \
-            and all(t.dtype in FUSED_DTYPES for t in (q, k, v, lepe, gate)):
+            and not is_tracing() and all(t.dtype in FUSED_DTYPES for t in (q, k, v, lepe, gate)):
         rope = as_rope_halves(rope, q.shape[-1], q.device)
         return pola_attention_cpu(q, k, v, temp_same, temp_opp, rope, eps, lepe=lepe, gate=gate,
                                   lepe_writable=lepe_writable)

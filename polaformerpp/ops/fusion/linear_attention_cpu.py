@@ -12,8 +12,9 @@ sums the two ``v`` gradients and runs the epilogue's products as separate
 passes.
 
 It serves what :func:`fused_training_applies` accepts (CPU fp32 training on
-the compiled kernels, inputs in the shift-free exponent range); the module's
-plain form is the reference its tests hold it to.
+the compiled kernels, inputs in the shift-free exponent range) in
+:class:`~.modules.FusedPolaLinearAttention`; the plain module is the
+reference its tests hold it to.
 """
 from typing import Optional
 
@@ -21,12 +22,14 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from polaformerpp.ops.depthwise import depthwise_conv2d, depthwise_conv2d_backward
-from polaformerpp.ops.pola_attention.cpu import cpu_kernels_apply, pola_attention_cpu_with_state
-from polaformerpp.ops.pola_attention.cpu_backward import pola_attention_cpu_backward
-from polaformerpp.ops.rope import RopeHalves
+from ..depthwise import depthwise_conv2d, depthwise_conv2d_backward
+from ..pola_attention import cpu_kernels_apply, pola_attention_cpu_backward, pola_attention_cpu_with_state
+from ..rope import RopeHalves
 
-__all__ = ['PolaLinearAttentionCPU', 'fused_training_applies']
+__all__ = ['PolaLinearAttentionCPU', 'fused_training_applies', 'DEFAULT_EPS']
+
+#: the attention's denominator epsilon (the op's default)
+DEFAULT_EPS = 1e-6
 
 
 def fused_training_applies(x: Tensor, backend: str) -> bool:

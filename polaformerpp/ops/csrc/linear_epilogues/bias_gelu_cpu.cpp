@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "kernels.h"
 #include "vectors.h"
 
 namespace polaformerpp {
@@ -182,6 +183,14 @@ std::tuple<torch::Tensor, c10::optional<torch::Tensor>> bias_gelu_backward(
             for (int64_t c = 0; c < C; ++c) bp[c] += acc[t * padded + c];
     }
     return {grad_h, grad_bias};
+}
+
+void bind_bias_gelu(pybind11::module_& m) {
+    m.def("bias_gelu", &bias_gelu, "y = gelu(h + bias) (exact erf form) for (rows, C) h",
+          py::arg("h"), py::arg("bias") = py::none());
+    m.def("bias_gelu_backward", &bias_gelu_backward,
+          "dh = dy * gelu'(h + bias), and the bias gradient (its column sums) when asked", py::arg("grad_y"),
+          py::arg("h"), py::arg("bias") = py::none(), py::arg("bias_grad") = false);
 }
 
 }  // namespace polaformerpp

@@ -1,4 +1,4 @@
-"""Fused CPU inference forms of the backbone's layer patterns (oneDNN post-ops, BatchNorm folding).
+"""Fused CPU forms of layer patterns (oneDNN post-ops, BatchNorm folding), for the fused modules.
 
 In inference on the CPU (fp32, nothing recording gradients, no autocast, not
 traced) a pass over the activations costs about as much as the matrix product
@@ -18,6 +18,10 @@ These helpers keep such passes inside the producing kernel:
 * :func:`has_module_hooks`: whether hooks watch a module, which then keeps
   its plain call (the fused forms do not call the modules they fold).
 
+Each takes the modules it fuses and the input; none is used by the network
+definition itself (:mod:`polaformerpp.models`), only by the fused modules of
+:mod:`.modules`.
+
 Everywhere else (training, autograd, other devices and dtypes, torch.compile,
 ONNX export and tracing) they compute the plain module sequence, which stays
 the reference the fused forms are tested against.
@@ -29,8 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from polaformerpp.ops.linear_gelu import linear_gelu, linear_gelu_kernel_applies
-from polaformerpp.ops.pola_attention.common import is_tracing
+from ..linear_gelu import linear_gelu, linear_gelu_kernel_applies
+from ..tracing import is_tracing
 
 __all__ = ['inference_fusable', 'has_module_hooks', 'linear_act', 'linear_output_bytes', 'conv_bn_act',
            'fold_batch_norm', 'layer_norm_to_nchw']

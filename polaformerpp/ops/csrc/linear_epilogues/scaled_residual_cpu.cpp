@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "kernels.h"
 #include "vectors.h"
 
 namespace polaformerpp {
@@ -137,6 +138,16 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> scaled_residual_backward
         }
     }
     return {grad_h, grad_bias, grad_gamma};
+}
+
+void bind_scaled_residual(pybind11::module_& m) {
+    m.def("scaled_residual", &scaled_residual, "out = x + s_b gamma (h + bias) for (rows, C) x, h",
+          py::arg("x"), py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
+          py::arg("rows_per_sample") = 1, py::arg("out") = py::none());
+    m.def("scaled_residual_backward", &scaled_residual_backward,
+          "dh = s_b gamma dy and the column sums dbias = sum dh, dgamma = sum s_b dy (h + bias)", py::arg("grad"),
+          py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
+          py::arg("rows_per_sample") = 1);
 }
 
 }  // namespace polaformerpp

@@ -7,8 +7,9 @@
 // The products run on the BLAS torch links (sgemm): either torch.matmul over rows
 // written to memory (the row kernels), or, in the fused passes of the shift-free
 // forward (key_state, readout), per block of tokens while the rows are in cache.
-// ../cpu.py drives them; the eager reference is ../eager.py
-// (pola_attention_torch); the method is written out in ../__init__.py.
+// polaformerpp/ops/pola_attention/cpu.py drives them; the eager reference is
+// pola_attention/eager.py (pola_attention_torch); the method is written out in
+// pola_attention/__init__.py.
 //
 // Shapes (fp32, last dim contiguous, other strides arbitrary):
 //   q, k          (B, h, n, d)
@@ -22,6 +23,7 @@
 #include <torch/extension.h>
 
 #include "checks.h"
+#include "kernels.h"
 #include "vectors.h"
 
 #include <ATen/Parallel.h>
@@ -1278,23 +1280,8 @@ void key_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::T
 }  // namespace
 
 namespace polaformerpp {
-std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch::Tensor& grad_out,
-                                                                    const torch::Tensor& input, int64_t kh,
-                                                                    int64_t kw);
-torch::Tensor bias_gelu(const torch::Tensor& h, const c10::optional<torch::Tensor>& bias);
-std::tuple<torch::Tensor, c10::optional<torch::Tensor>> bias_gelu_backward(
-        const torch::Tensor& grad_y, const torch::Tensor& h, const c10::optional<torch::Tensor>& bias,
-        bool bias_grad);
-torch::Tensor scaled_residual(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& bias,
-                              const torch::Tensor& gamma, const c10::optional<torch::Tensor>& sample_scale,
-                              int64_t rows_per_sample, const c10::optional<torch::Tensor>& out);
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> scaled_residual_backward(
-        const torch::Tensor& grad, const torch::Tensor& h, const torch::Tensor& bias, const torch::Tensor& gamma,
-        const c10::optional<torch::Tensor>& sample_scale, int64_t rows_per_sample);
-}  // namespace polaformerpp
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "Fused CPU feature maps of PolaFormer++'s polarity-aware linear attention";
+void bind_pola_attention(pybind11::module_& m) {
     m.def("key_features", &key_features, "rotated key features, their token sum, RoPE pairs ok",
           py::arg("k"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),
           py::arg("grid_width"), py::arg("offset"), py::arg("key_shifts") = py::none());
@@ -1310,21 +1297,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("key_grads", &key_grads, "the key half of the backward: dk, written into grad_k", py::arg("k"), py::arg("sin_lo"),
           py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"), py::arg("grid_width"), py::arg("offset"),
           py::arg("grad_rot"), py::arg("grad_mean"), py::arg("grad_k"));
-    m.def("depthwise_conv_weight_grad", &polaformerpp::depthwise_conv_weight_grad,
-          "weight and bias gradients of a stride-1 'same' depthwise conv on channels-last tensors",
-          py::arg("grad_out"), py::arg("input"), py::arg("kh"), py::arg("kw"));
-    m.def("bias_gelu", &polaformerpp::bias_gelu, "y = gelu(h + bias) (exact erf form) for (rows, C) h",
-          py::arg("h"), py::arg("bias") = py::none());
-    m.def("bias_gelu_backward", &polaformerpp::bias_gelu_backward,
-          "dh = dy * gelu'(h + bias), and the bias gradient (its column sums) when asked", py::arg("grad_y"),
-          py::arg("h"), py::arg("bias") = py::none(), py::arg("bias_grad") = false);
-    m.def("scaled_residual", &polaformerpp::scaled_residual, "out = x + s_b gamma (h + bias) for (rows, C) x, h",
-          py::arg("x"), py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
-          py::arg("rows_per_sample") = 1, py::arg("out") = py::none());
-    m.def("scaled_residual_backward", &polaformerpp::scaled_residual_backward,
-          "dh = s_b gamma dy and the column sums dbias = sum dh, dgamma = sum s_b dy (h + bias)", py::arg("grad"),
-          py::arg("h"), py::arg("bias"), py::arg("gamma"), py::arg("sample_scale") = py::none(),
-          py::arg("rows_per_sample") = 1);
     m.def("abs_max", &abs_max, "max |t| (NaN when any element is NaN or infinite)", py::arg("t"));
     m.def("key_state", &key_state, "the fused key pass: state S, key mean, RoPE pairs ok", py::arg("k"),
           py::arg("v"), py::arg("sin_lo"), py::arg("cos_lo"), py::arg("sin_hi"), py::arg("cos_hi"),
@@ -1343,3 +1315,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("cos_hi"), py::arg("grid_width"), py::arg("eps"), py::arg("out"), py::arg("accumulate"),
           py::arg("gate") = py::none());
 }
+
+}  // namespace polaformerpp

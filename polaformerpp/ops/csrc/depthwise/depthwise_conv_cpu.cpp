@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels.h"
 #include "vectors.h"
 
 namespace polaformerpp {
@@ -106,6 +107,12 @@ std::tuple<torch::Tensor, torch::Tensor> depthwise_conv_weight_grad(const torch:
     }
     // (kh * kw, C) -> (C, 1, kh, kw)
     return {grad_weight.t().contiguous().view({C, 1, kh, kw}), grad_bias};
+}
+
+void bind_depthwise(pybind11::module_& m) {
+    m.def("depthwise_conv_weight_grad", &depthwise_conv_weight_grad,
+          "weight and bias gradients of a stride-1 'same' depthwise conv on channels-last tensors",
+          py::arg("grad_out"), py::arg("input"), py::arg("kh"), py::arg("kw"));
 }
 
 }  // namespace polaformerpp
