@@ -20,6 +20,8 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 
+from polaformerpp.ops.fusion import fuse_modules
+
 from .blocks import ResidualGroup
 
 __all__ = ['PolaPPSRLight']
@@ -38,6 +40,9 @@ class PolaPPSRLight(BaseModule):
         window_size (int): local window side. Default 16.
         mlp_ratio (float): MLP / global-branch width over C. Default 1.0.
         attn_backend (str): PolaFormer++ op backend (``'auto'``: Triton on GPU).
+        fused (bool): run the fused forms of the PolaFormer++ layers
+            (:func:`polaformerpp.ops.fusion.fuse_modules`: same parameters and
+            outputs); False keeps the plain modules. Default True.
         init_cfg: mmengine init config (e.g. ``Pretrained``).
 
     Input ``(B, in_channels, h, w)`` with any ``h, w >= 1``; output
@@ -46,7 +51,7 @@ class PolaPPSRLight(BaseModule):
 
     def __init__(self, upscale: int = 3, in_channels: int = 3, embed_dims: int = 48,
                  depths: Sequence[int] = (5, 5, 5, 5), num_heads: int = 4, window_size: int = 16,
-                 mlp_ratio: float = 1.0, attn_backend: str = 'auto', init_cfg=None):
+                 mlp_ratio: float = 1.0, attn_backend: str = 'auto', fused: bool = True, init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         if not isinstance(upscale, int) or isinstance(upscale, bool) or upscale < 1:
             raise ValueError(f'upscale must be a positive int, got {upscale!r}')
@@ -66,6 +71,8 @@ class PolaPPSRLight(BaseModule):
         self.upsample = nn.Sequential(
             nn.Conv2d(embed_dims, in_channels * upscale ** 2, 3, padding=1), nn.PixelShuffle(upscale))
         self.apply(self._init_module)
+        if fused:
+            fuse_modules(self)
 
     @staticmethod
     def _init_module(m: nn.Module) -> None:

@@ -72,6 +72,23 @@ def test_global_branch_is_the_projects_polaformerpp_attention():
     assert torch.all(layer.scale1 == 1e-4)
 
 
+def test_fused_and_plain_networks_agree():
+    """``fused=True`` (the default) and ``fused=False``: the same keys, and with the same weights the same
+    output in inference and the same gradients in training."""
+    torch.manual_seed(0)
+    fused, plain = tiny_net(), tiny_net(fused=False)
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    plain.load_state_dict(fused.state_dict())
+    x = torch.rand(1, 3, 12, 10)
+    for model in (fused, plain):
+        model(x).square().mean().backward()
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+    fused.eval(), plain.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
 def _window_attention_loop_reference(m, x):
     """Per-token loop: each query attends to the real tokens of its (shifted) window and region."""
     B, H, W, C = x.shape

@@ -24,9 +24,8 @@ CLS_PROJ_INDEX = 4
 class PolaFormerStage(nn.Module):
     """Blocks of one resolution, then (except in the last stage) a stride-2 conv+BN downsample.
 
-    ``forward`` takes channels-last tokens ``(B, H, W, C)`` and returns
-    ``(stage output before downsampling, input of the next stage)``, both
-    channels-last tokens (the downsample conv reads and writes channels-last memory).
+    ``forward`` takes tokens ``(B, H, W, C)`` and returns ``(stage output
+    before downsampling, input of the next stage)``, both tokens.
     """
 
     def __init__(self, embed_dims: int, depth: int, num_heads: int, attn_type: str,
