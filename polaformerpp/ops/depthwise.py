@@ -6,8 +6,12 @@ multiple of 8) its backward takes the input gradient from oneDNN, as autograd
 would, and the weight and bias gradients from the compiled kernel
 ``depthwise_conv_weight_grad``: for the backbone's 5x5 LePE and its large 3x3
 maps oneDNN's weight gradient is a slow path, several times the whole forward.
-Everywhere else (inference, other devices and dtypes, tracing) it is the plain
-``F.conv2d``, which the tests hold the kernel to.
+Under ``torch.compile`` / ``torch.export`` the same form is the custom op
+``torch.ops.polaformerpp.depthwise_conv2d`` (a fake kernel and a registered
+backward, ``torch.ops.polaformerpp.depthwise_conv2d_backward``), so a compiled
+training step keeps the kernel. Everywhere else (inference, other devices
+and dtypes, ``torch.jit.trace``) it is the plain ``F.conv2d``, which the
+tests hold the kernel to.
 
 Either way a weight gradient has the weight's own strides. For a channels-last
 image, autograd's convolution backward returns the ``(C, 1, kh, kw)`` gradient
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .library import cpu_kernels_apply, kernels
+from .library import cpu_kernels_apply, kernels, kernels_available
 from .tracing import is_tracing
 
 __all__ = ['depthwise_conv2d', 'depthwise_conv2d_backward']
@@ -42,6 +46,8 @@ def depthwise_conv2d(image: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
     """
     if _kernel_backward_applies(image, weight, bias):
         return _DepthwiseConvCPU.apply(image, weight, bias)
+    if _custom_op_applies(image, weight, bias):
+        return torch.ops.polaformerpp.depthwise_conv2d(image, weight, bias)
     if torch.is_grad_enabled() and weight.requires_grad and not is_tracing():
         weight = _GradInWeightLayout.apply(weight)
     return _same_conv(image, weight, bias)
@@ -100,6 +106,20 @@ def _kernel_backward_applies(image: Tensor, weight: Tensor, bias: Optional[Tenso
     tensors = [t for t in (image, weight, bias) if t is not None]
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors) or not cpu_kernels_apply(*tensors):
         return False
+    return _kernel_shapes(image, weight)
+
+
+def _custom_op_applies(image: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Under torch.compile / torch.export: fp32 CPU tensors of which one records gradients, kernels built."""
+    tensors = [t for t in (image, weight, bias) if t is not None]
+    return (OPS_REGISTERED and torch.compiler.is_compiling() and torch.is_grad_enabled()
+            and any(t.requires_grad for t in tensors) and not torch.is_autocast_enabled('cpu')
+            and all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors)
+            and _kernel_shapes(image, weight))
+
+
+def _kernel_shapes(image: Tensor, weight: Tensor) -> bool:
+    """A channels-last image with channels a multiple of 8, a depthwise kernel of odd sides."""
     channels = image.shape[1]
     kh, kw = weight.shape[-2:]
     return (image.dim() == 4 and image.stride(1) == 1 and channels % 8 == 0 and kh % 2 == 1 and kw % 2 == 1
@@ -123,3 +143,50 @@ class _DepthwiseConvCPU(torch.autograd.Function):
             grad.contiguous(memory_format=torch.channels_last), image, weight, ctx.needs_input_grad[0],
             ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
         return grad_image, grad_weight, grad_bias if ctx.has_bias else None
+
+
+def _channels_last_like(image: Tensor, out: Tensor) -> Tensor:
+    """``out`` in ``image``'s memory format (channels-last or contiguous), as the custom ops promise."""
+    channels_last = image.is_contiguous(memory_format=torch.channels_last) and not image.is_contiguous()
+    return out.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def _op_forward(image: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    return _channels_last_like(image, _same_conv(image, weight, bias))
+
+
+def _op_forward_fake(image, weight, bias):
+    return _channels_last_like(image, torch.empty_like(image, memory_format=torch.contiguous_format))
+
+
+def _op_backward(grad: Tensor, image: Tensor, weight: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    grad = grad.contiguous(memory_format=torch.channels_last)
+    grad_image, grad_weight, grad_bias = depthwise_conv2d_backward(grad, image, weight)
+    return _channels_last_like(image, grad_image), grad_weight.contiguous(), grad_bias.contiguous()
+
+
+def _op_backward_fake(grad, image, weight):
+    return (_channels_last_like(image, torch.empty_like(image, memory_format=torch.contiguous_format)),
+            torch.empty_like(weight, memory_format=torch.contiguous_format), weight.new_empty(weight.shape[0]))
+
+
+def _setup_context(ctx, inputs, output):
+    image, weight, bias = inputs
+    ctx.save_for_backward(image, weight)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad):
+    image, weight = ctx.saved_tensors
+    grad_image, grad_weight, grad_bias = torch.ops.polaformerpp.depthwise_conv2d_backward(grad, image, weight)
+    return grad_image, grad_weight, grad_bias if ctx.has_bias else None
+
+
+#: whether ``torch.ops.polaformerpp.depthwise_conv2d`` (and its backward) exist in this process
+OPS_REGISTERED = kernels_available()
+if OPS_REGISTERED:
+    _forward_op = torch.library.custom_op('polaformerpp::depthwise_conv2d', _op_forward, mutates_args=())
+    _forward_op.register_fake(_op_forward_fake)
+    _backward_op = torch.library.custom_op('polaformerpp::depthwise_conv2d_backward', _op_backward, mutates_args=())
+    _backward_op.register_fake(_op_backward_fake)
+    _forward_op.register_autograd(_backward, setup_context=_setup_context)

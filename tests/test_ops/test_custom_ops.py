@@ -98,6 +98,29 @@ def test_compiled_training_through_the_op_matches_the_eager_backend(key_bias):
 
 
 @needs_kernels
+def test_compiled_training_step_keeps_the_kernels_and_the_gradients():
+    """A fused linear block compiled for training: its graph calls the attention's and the depthwise conv's
+    custom ops, and the output and every gradient equal the eager fused block's."""
+    torch.manual_seed(0)
+    block = fuse_modules(_randomised(PolaFormerBlock(32, 2, attn_type='linear')))
+    x = torch.randn(2, 6, 5, 32)
+    results = []
+    for compiled in (False, True):
+        leaf = x.clone().requires_grad_(True)
+        if compiled:
+            out, graphs = _compiled_graphs(block, leaf)
+            targets = {str(node.target) for node in graphs[0].graph.nodes}
+            assert any(OP_NAME in t for t in targets) and any('polaformerpp.depthwise_conv2d' in t for t in targets)
+        else:
+            out = block(leaf)
+        grads = torch.autograd.grad((out * x.flip(-1)).sum(), [leaf, *block.parameters()])
+        results.append((out, grads))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    for (name, _), a, b in zip([('x', None), *block.named_parameters()], results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
+
+
+@needs_kernels
 def test_the_op_registrations_pass_opcheck():
     """torch.library's own checks of the fake kernel and the autograd registration."""
     torch.manual_seed(0)
@@ -105,6 +128,10 @@ def test_the_op_registrations_pass_opcheck():
     args = [torch.randn(1, 2, 12, 8, requires_grad=True) for _ in range(3)]
     args += [torch.rand(2, 16, requires_grad=True) for _ in range(2)]
     results = torch.library.opcheck(torch.ops.polaformerpp.pola_attention_cpu.default, (*args, *rope, 1e-6))
+    assert set(results.values()) == {'SUCCESS'}, results
+    image = torch.randn(2, 5, 7, 16).permute(0, 3, 1, 2).requires_grad_(True)  # channels-last memory
+    conv = (image, torch.randn(16, 1, 5, 5, requires_grad=True), torch.randn(16, requires_grad=True))
+    results = torch.library.opcheck(torch.ops.polaformerpp.depthwise_conv2d.default, conv)
     assert set(results.values()) == {'SUCCESS'}, results
 
 
