@@ -31,7 +31,8 @@ import torch.distributed as dist
 from mmengine.logging import print_log
 
 __all__ = [
-    'apply_common_args', 'adapt_cfg_to_device', 'apply_dist_timeout', 'dist_timeout',
+    'apply_common_args', 'adapt_cfg_to_device', 'DEFAULT_DIST_TIMEOUT', 'DIST_TIMEOUT_ENV', 'apply_dist_timeout',
+    'dist_timeout',
     'init_distributed_if_cpu', 'shutdown_distributed', 'slurm_dist_env', 'add_tensorboard_backend'
 ]
 
