@@ -73,6 +73,7 @@ def test_cli_into_config_classifier(b0):
 
     pytest.importorskip('mmpretrain')
     from mmengine.config import Config
+    from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
 
     import polaformerpp  # noqa: F401  (registers PolaFormerPP)
@@ -80,7 +81,9 @@ def test_cli_into_config_classifier(b0):
     cfg = Config.fromfile(str(B0_CONFIG))
     model_cfg = copy.deepcopy(cfg.model)
     model_cfg.pop('train_cfg', None)  # Mixup/CutMix: training only
-    classifier = MODELS.build(model_cfg).eval()  # init_cfg is not applied (no init_weights)
+    # the config's own scope: an earlier test in this process may have left another one current
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        classifier = MODELS.build(model_cfg).eval()  # init_cfg is not applied (no init_weights)
     classifier.load_state_dict(ckpt['state_dict'], strict=True)
 
     class Logits(nn.Module):
