@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .library import cpu_kernels_apply, kernels, kernels_available
+from .library import cpu_kernels_apply, custom_ops_apply, kernels, kernels_available
 from .tracing import is_tracing
 
 __all__ = ['depthwise_conv2d', 'depthwise_conv2d_backward']
@@ -112,10 +112,8 @@ def _kernel_backward_applies(image: Tensor, weight: Tensor, bias: Optional[Tenso
 def _custom_op_applies(image: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """Under torch.compile / torch.export: fp32 CPU tensors of which one records gradients, kernels built."""
     tensors = [t for t in (image, weight, bias) if t is not None]
-    return (OPS_REGISTERED and torch.compiler.is_compiling() and torch.is_grad_enabled()
-            and any(t.requires_grad for t in tensors) and not torch.is_autocast_enabled('cpu')
-            and all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors)
-            and _kernel_shapes(image, weight))
+    return (OPS_REGISTERED and custom_ops_apply(*tensors) and torch.is_grad_enabled()
+            and any(t.requires_grad for t in tensors) and _kernel_shapes(image, weight))
 
 
 def _kernel_shapes(image: Tensor, weight: Tensor) -> bool:

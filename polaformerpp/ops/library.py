@@ -18,7 +18,7 @@ try:  # the private compiled extension
 except ImportError:
     kernels = None
 
-__all__ = ['kernels', 'kernels_available', 'cpu_kernels_apply']
+__all__ = ['kernels', 'kernels_available', 'cpu_kernels_apply', 'custom_ops_apply']
 
 
 def kernels_available() -> bool:
@@ -30,5 +30,15 @@ def cpu_kernels_apply(*tensors: Optional[Tensor]) -> bool:
     """Whether the compiled kernels may compute on ``tensors`` (None entries skipped): kernels built,
     fp32 CPU tensors, not traced or compiled, no CPU autocast (the conditions every fused CPU form shares)."""
     if kernels is None or is_tracing() or torch.is_autocast_enabled('cpu'):
+        return False
+    return all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors if t is not None)
+
+
+def custom_ops_apply(*tensors: Optional[Tensor]) -> bool:
+    """Whether the kernels may compute on ``tensors`` (None entries skipped) as torch custom ops: under
+    torch.compile or torch.export (not ``torch.jit.trace``), kernels built, fp32 CPU tensors, no CPU autocast."""
+    if kernels is None or not torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if torch.is_autocast_enabled('cpu'):
         return False
     return all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors if t is not None)

@@ -54,6 +54,8 @@ def test_compiled_linear_attention_block_calls_the_kernel(fused):
         expected = block(x)
         out, graphs = _compiled_graphs(block, x)
     assert len(graphs) == 1 and _calls_op(graphs[0])
+    if fused:  # each branch's output product, bias, layer scale and residual as the kernel
+        assert any('polaformerpp.scaled_residual' in str(node.target) for node in graphs[0].graph.nodes)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -99,8 +101,9 @@ def test_compiled_training_through_the_op_matches_the_eager_backend(key_bias):
 
 @needs_kernels
 def test_compiled_training_step_keeps_the_kernels_and_the_gradients():
-    """A fused linear block compiled for training: its graph calls the attention's and the depthwise conv's
-    custom ops, and the output and every gradient equal the eager fused block's."""
+    """A fused linear block compiled for training: its graph calls the custom ops of the attention, the
+    depthwise conv, the FFN's bias+GELU and the branches' scaled residuals, and the output and every
+    gradient equal the eager fused block's."""
     torch.manual_seed(0)
     block = fuse_modules(_randomised(PolaFormerBlock(32, 2, attn_type='linear')))
     x = torch.randn(2, 6, 5, 32)
@@ -110,7 +113,9 @@ def test_compiled_training_step_keeps_the_kernels_and_the_gradients():
         if compiled:
             out, graphs = _compiled_graphs(block, leaf)
             targets = {str(node.target) for node in graphs[0].graph.nodes}
-            assert any(OP_NAME in t for t in targets) and any('polaformerpp.depthwise_conv2d' in t for t in targets)
+            for op in (OP_NAME, 'polaformerpp.depthwise_conv2d', 'polaformerpp.bias_gelu',
+                       'polaformerpp.scaled_residual'):
+                assert any(op in t for t in targets), op
         else:
             out = block(leaf)
         grads = torch.autograd.grad((out * x.flip(-1)).sum(), [leaf, *block.parameters()])
@@ -122,7 +127,7 @@ def test_compiled_training_step_keeps_the_kernels_and_the_gradients():
 
 @needs_kernels
 def test_the_op_registrations_pass_opcheck():
-    """torch.library's own checks of the fake kernel and the autograd registration."""
+    """torch.library's own checks of the fake kernels and the autograd registrations."""
     torch.manual_seed(0)
     rope = tuple(as_rope_halves(RopeGrid(3, 4), 8))
     args = [torch.randn(1, 2, 12, 8, requires_grad=True) for _ in range(3)]
@@ -133,6 +138,15 @@ def test_the_op_registrations_pass_opcheck():
     conv = (image, torch.randn(16, 1, 5, 5, requires_grad=True), torch.randn(16, requires_grad=True))
     results = torch.library.opcheck(torch.ops.polaformerpp.depthwise_conv2d.default, conv)
     assert set(results.values()) == {'SUCCESS'}, results
+    h, bias = torch.randn(12, 20, requires_grad=True), torch.randn(20, requires_grad=True)
+    for gelu in ((h, bias), (h, None)):
+        results = torch.library.opcheck(torch.ops.polaformerpp.bias_gelu.default, gelu)
+        assert set(results.values()) == {'SUCCESS'}, results
+    residual = [torch.randn(12, 20, requires_grad=True) for _ in range(2)]
+    residual += [torch.randn(20, requires_grad=True) for _ in range(2)]
+    for scales in (torch.tensor([0.0, 1.25, 1.25]), None):  # 3 samples of 4 rows; a dropped one
+        results = torch.library.opcheck(torch.ops.polaformerpp.scaled_residual.default, (*residual, scales, 4))
+        assert set(results.values()) == {'SUCCESS'}, results
 
 
 FALLBACK_SCRIPT = textwrap.dedent('''
@@ -144,7 +158,8 @@ FALLBACK_SCRIPT = textwrap.dedent('''
     from polaformerpp.ops.library import kernels_available
 
     assert not kernels_available() and 'cpu' not in available_backends()
-    assert not hasattr(torch.ops.polaformerpp, 'pola_attention_cpu')
+    for op in ('pola_attention_cpu', 'depthwise_conv2d', 'bias_gelu', 'scaled_residual'):
+        assert not hasattr(torch.ops.polaformerpp, op), op
     torch.manual_seed(0)
     arch = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4])
     fused, plain = PolaFormerPP(arch, drop_path_rate=0.0), PolaFormerPP(arch, drop_path_rate=0.0, fused=False)

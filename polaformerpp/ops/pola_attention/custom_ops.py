@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..library import kernels_available
+from ..linear_residual import eager_decompositions as linear_residual_decompositions
 from ..rope import RopeHalves
 from .cpu import exponent_shift_needed, pola_attention_cpu, pola_attention_cpu_with_state
 from .cpu_backward import pola_attention_cpu_backward
@@ -106,8 +107,9 @@ def pola_attention_cpu_traceable(q: Tensor, k: Tensor, v: Tensor, temp_same: Ten
 
 
 def eager_decompositions() -> Dict[object, Callable]:
-    """``{custom op: its eager torch form}``, for ``ExportedProgram.run_decompositions`` where the target
-    format has no such operator (ONNX); empty where the ops are not registered."""
+    """``{custom op: its eager torch form}`` (the attention's and the scaled residual's), for
+    ``ExportedProgram.run_decompositions`` where the target format has no such operator (ONNX); empty
+    where the ops are not registered."""
     if not OPS_REGISTERED:
         return {}
-    return {torch.ops.polaformerpp.pola_attention_cpu.default: _eager}
+    return {torch.ops.polaformerpp.pola_attention_cpu.default: _eager, **linear_residual_decompositions()}
