@@ -16,6 +16,9 @@ import torch.nn as nn
 from mmengine.registry import MODELS
 from torch import Tensor
 
+from polaformerpp.ops.fusion import fuse_modules
+
+from . import fused_layers  # noqa: F401  (registers the token attention's fused form)
 from .dit_layers import (
     ATTENTION_TYPES,
     DiTBlock,
@@ -96,12 +99,15 @@ class DiT(nn.Module):
             :func:`~polaformerpp.generation.label_swap_gap`). ``1.0`` (ADM's,
             and PyTorch's default for an embedding) makes the two comparable
             from the first step: the CPU demos use it.
+        fused (bool): run the fused forms of the PolaFormer++ attention layers
+            (:func:`polaformerpp.ops.fusion.fuse_modules`: same parameters and
+            outputs, faster on the CPU); False keeps the plain modules. Default True.
     """
 
     def __init__(self, arch: Union[str, dict] = 'DiT-S/2', input_size: Union[int, Sequence[int]] = 32,
                  in_channels: int = 4, num_classes: int = 1000, class_dropout_prob: float = 0.1,
                  learn_sigma: bool = True, attn_type: str = 'linear', mlp_ratio: float = 4.0,
-                 attn_backend: str = 'auto', label_embed_std: float = 0.02):
+                 attn_backend: str = 'auto', label_embed_std: float = 0.02, fused: bool = True):
         super().__init__()
         spec = _resolve_arch(arch)
         if not 0 < label_embed_std < float('inf'):
@@ -140,6 +146,8 @@ class DiT(nn.Module):
         ])
         self.final_layer = FinalLayer(hidden, patch, self.out_channels)
         self._init_weights()
+        if fused:
+            fuse_modules(self)
 
     @property
     def null_class(self) -> int:

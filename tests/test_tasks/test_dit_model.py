@@ -8,7 +8,10 @@ from mmengine.registry import DATASETS, METRICS, MODELS
 from generation_testing import TINY_ARCH, randomize_, tiny_dit
 from polaformerpp.generation import DIT_ARCHS, ClassImageFolder, DiT, GenerationFID, dit_param_count
 from polaformerpp.generation.dit_layers import PolaTokenAttention, SoftmaxSelfAttention, timestep_embedding
+from polaformerpp.generation.fused_layers import FusedPolaTokenAttention
 from polaformerpp.models.layers import PolaLinearAttention
+from polaformerpp.ops import available_backends
+from polaformerpp.ops.fusion import unfuse_modules
 
 
 def test_names_are_registered_in_root_registries():
@@ -80,6 +83,45 @@ def test_pola_token_attention_is_the_grid_attention_without_rope():
     x = torch.randn(2, 3 * 4, 32)
     expected = grid_attn(x.reshape(2, 3, 4, 32)).reshape(2, 12, 32)
     torch.testing.assert_close(attn(x, (3, 4)), expected)
+
+
+def _autograd_node_names(tensor):
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+def test_fused_dit_computes_the_plain_dits_outputs_and_gradients():
+    """The DiT runs its token attention's fused form (by default; ``fused=False`` keeps the plain
+    modules), which trains and infers as the plain one; unfusing gives back the plain classes."""
+    fused = randomize_(tiny_dit())
+    plain = tiny_dit(fused=False)
+    plain.load_state_dict(fused.state_dict())
+    assert all(type(b.attn) is FusedPolaTokenAttention for b in fused.blocks)
+    assert all(type(b.attn) is PolaTokenAttention for b in plain.blocks)
+    x, t, y = torch.randn(3, 3, 8, 8), torch.tensor([0, 10, 999]), torch.tensor([0, 3, 4])
+    weights = torch.randn(3, 6, 8, 8)
+    results = []
+    for net in (fused, plain):
+        out = net(x, t, y)
+        results.append((out, torch.autograd.grad((out * weights).sum(), list(net.parameters())),
+                        _autograd_node_names(out)))
+    if 'cpu' in available_backends():  # the one-Function CPU training step of the attention
+        assert 'PolaLinearAttentionCPUBackward' in results[0][2]
+        assert 'PolaLinearAttentionCPUBackward' not in results[1][2]
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    for (name, _), a, b in zip(fused.named_parameters(), results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(fused.eval()(x, t, y), plain.eval()(x, t, y), rtol=1e-5, atol=1e-5)
+    unfuse_modules(fused)
+    assert all(type(b.attn) is PolaTokenAttention for b in fused.blocks)
 
 
 def test_pos_embed_is_fixed_sincos():

@@ -17,6 +17,11 @@ else. Where a hook watches one of the submodules a fused form would fold,
 the module runs its plain form, so that every hook fires. The plain modules
 are the reference the tests hold the fused ones to (within 1e-5).
 
+A package that subclasses a plain module (the DiT's token attention
+subclasses :class:`~polaformerpp.models.layers.PolaLinearAttention`) gives its
+subclass a fused form with :func:`register_fused_form`; :func:`fuse_modules`
+then converts it like the backbone's own modules.
+
 What each fused form does:
 
 * :class:`~.modules.FusedPolaFormerBlock`: the CPE residual folded into its
@@ -67,10 +72,10 @@ from .modules import (
     FusedStem,
 )
 
-__all__ = ['FUSED_FORMS', 'fuse_modules', 'unfuse_modules', 'is_fused', 'conv_bn_act', 'fold_batch_norm',
-           'has_module_hooks', 'inference_fusable', 'layer_norm_to_nchw', 'linear_act', 'PolaLinearAttentionCPU',
-           'FusedChannelLayerNorm', 'FusedConvBN', 'FusedConvBNAct', 'FusedConvFFN', 'FusedPolaFormerBlock',
-           'FusedPolaLinearAttention', 'FusedRoPESoftmaxAttention', 'FusedStem']
+__all__ = ['FUSED_FORMS', 'fuse_modules', 'unfuse_modules', 'is_fused', 'register_fused_form', 'conv_bn_act',
+           'fold_batch_norm', 'has_module_hooks', 'inference_fusable', 'layer_norm_to_nchw', 'linear_act',
+           'PolaLinearAttentionCPU', 'FusedChannelLayerNorm', 'FusedConvBN', 'FusedConvBNAct', 'FusedConvFFN',
+           'FusedPolaFormerBlock', 'FusedPolaLinearAttention', 'FusedRoPESoftmaxAttention', 'FusedStem']
 
 #: plain module class -> its fused form (exact types: a subclass of a plain module keeps its own forward)
 FUSED_FORMS = {
@@ -86,6 +91,25 @@ _PLAIN_FORMS = {fused: plain for plain, fused in FUSED_FORMS.items()}
 _PLAIN_FORMS[FusedConvBNAct] = nn.Sequential
 #: children of an ``nn.Sequential`` that :class:`~.modules.FusedConvBNAct` runs as one pass
 CONV_BN_ACT = (('conv', nn.Conv2d), ('bn', nn.BatchNorm2d), ('act', nn.SiLU))
+
+
+def register_fused_form(plain: type, fused: type) -> None:
+    """Give the module class ``plain`` its fused form ``fused`` (in :data:`FUSED_FORMS`).
+
+    ``fused`` must subclass ``plain``, add no parameters, buffers or state of
+    its own and compute what ``plain`` computes (its fast paths where the
+    inputs allow), so that :func:`fuse_modules` and :func:`unfuse_modules`
+    may swap the two classes of a built module.
+    """
+    if not (isinstance(plain, type) and issubclass(plain, nn.Module)):
+        raise TypeError(f'plain must be an nn.Module subclass, got {plain!r}')
+    if not (isinstance(fused, type) and issubclass(fused, plain)):
+        raise TypeError(f'fused must be a subclass of {plain.__name__}, got {fused!r}')
+    known = FUSED_FORMS.get(plain)
+    if known is not None and known is not fused:
+        raise ValueError(f'{plain.__name__} already has the fused form {known.__name__}')
+    FUSED_FORMS[plain] = fused
+    _PLAIN_FORMS[fused] = plain
 
 
 def _is_conv_bn_act(module: nn.Module) -> bool:
