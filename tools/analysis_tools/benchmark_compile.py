@@ -9,8 +9,9 @@ augmentations left out) it times, on ``--batch-size`` random images of
   optimizer step runs eagerly in both);
 * the inference step: ``model(x, mode='tensor')`` under ``no_grad`` in eval
   mode (eager runs the fused modules and kernels where they are built; the
-  compiled graph holds the attention's kernel as a custom op, and the other
-  fused forms step aside for their plain torch forms, which inductor fuses).
+  compiled graph holds the attention's and the scaled residuals' kernels as
+  custom ops, and the other fused forms step aside for their plain torch
+  forms, which inductor fuses).
 
 Reported per step: the first compiled call (compilation included), the
 median of ``--repeat`` timed steps after ``--warmup``, and the speed-up
