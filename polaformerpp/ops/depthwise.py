@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .library import cpu_kernels_apply, custom_ops_apply, kernels, kernels_available
+from .library import cpu_kernels_apply, custom_ops_apply, kernels, kernels_available, register_kernel_op
 from .tracing import is_tracing
 
 __all__ = ['depthwise_conv2d', 'depthwise_conv2d_backward']
@@ -183,8 +183,5 @@ def _backward(ctx, grad):
 #: whether ``torch.ops.polaformerpp.depthwise_conv2d`` (and its backward) exist in this process
 OPS_REGISTERED = kernels_available()
 if OPS_REGISTERED:
-    _forward_op = torch.library.custom_op('polaformerpp::depthwise_conv2d', _op_forward, mutates_args=())
-    _forward_op.register_fake(_op_forward_fake)
-    _backward_op = torch.library.custom_op('polaformerpp::depthwise_conv2d_backward', _op_backward, mutates_args=())
-    _backward_op.register_fake(_op_backward_fake)
-    _forward_op.register_autograd(_backward, setup_context=_setup_context)
+    register_kernel_op('depthwise_conv2d', _op_forward, _op_forward_fake, _op_backward, _op_backward_fake,
+                       _backward, _setup_context)

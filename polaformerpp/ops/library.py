@@ -6,7 +6,7 @@ Its C++ is laid out by op under ``csrc/`` (``pola_attention/``, ``depthwise/``,
 is not built (no C++ compiler), :data:`kernels` is None and every op runs its
 plain torch form: :func:`cpu_kernels_apply` is then always False.
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -18,7 +18,7 @@ try:  # the private compiled extension
 except ImportError:
     kernels = None
 
-__all__ = ['kernels', 'kernels_available', 'cpu_kernels_apply', 'custom_ops_apply']
+__all__ = ['kernels', 'kernels_available', 'cpu_kernels_apply', 'custom_ops_apply', 'register_kernel_op']
 
 
 def kernels_available() -> bool:
@@ -42,3 +42,19 @@ def custom_ops_apply(*tensors: Optional[Tensor]) -> bool:
     if torch.is_autocast_enabled('cpu'):
         return False
     return all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors if t is not None)
+
+
+def register_kernel_op(name: str, forward: Callable, forward_fake: Callable, backward: Callable,
+                       backward_fake: Callable, autograd_backward: Callable, setup_context: Callable) -> None:
+    """Register a kernel as the torch custom op ``polaformerpp::<name>`` and its backward as
+    ``polaformerpp::<name>_backward``, each with its fake (meta) kernel, the first differentiated
+    by ``autograd_backward`` (which calls the second) with ``setup_context``.
+
+    The ops' schemas come from the functions' type annotations (``torch.library.custom_op``);
+    neither mutates its arguments.
+    """
+    forward_op = torch.library.custom_op(f'polaformerpp::{name}', forward, mutates_args=())
+    forward_op.register_fake(forward_fake)
+    backward_op = torch.library.custom_op(f'polaformerpp::{name}_backward', backward, mutates_args=())
+    backward_op.register_fake(backward_fake)
+    forward_op.register_autograd(autograd_backward, setup_context=setup_context)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .library import cpu_kernels_apply, custom_ops_apply, kernels, kernels_available
+from .library import cpu_kernels_apply, custom_ops_apply, kernels, kernels_available, register_kernel_op
 
 __all__ = ['linear_gelu', 'linear_gelu_kernel_applies']
 
@@ -112,9 +112,5 @@ def _backward(ctx, grad):
 #: whether ``torch.ops.polaformerpp.bias_gelu`` (and its backward) exist in this process
 OPS_REGISTERED = kernels_available()
 if OPS_REGISTERED:
-    _forward_op = torch.library.custom_op('polaformerpp::bias_gelu', _op_bias_gelu, mutates_args=())
-    _forward_op.register_fake(_op_bias_gelu_fake)
-    _backward_op = torch.library.custom_op('polaformerpp::bias_gelu_backward', _op_bias_gelu_backward,
-                                           mutates_args=())
-    _backward_op.register_fake(_op_bias_gelu_backward_fake)
-    _forward_op.register_autograd(_backward, setup_context=_setup_context)
+    register_kernel_op('bias_gelu', _op_bias_gelu, _op_bias_gelu_fake, _op_bias_gelu_backward,
+                       _op_bias_gelu_backward_fake, _backward, _setup_context)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .library import cpu_kernels_apply, custom_ops_apply, kernels, kernels_available
+from .library import cpu_kernels_apply, custom_ops_apply, kernels, kernels_available, register_kernel_op
 
 __all__ = ['linear_scaled_residual', 'linear_residual_kernel_applies', 'drop_path_scales', 'eager_decompositions']
 
@@ -162,9 +162,5 @@ def eager_decompositions() -> Dict[object, Callable]:
 #: whether ``torch.ops.polaformerpp.scaled_residual`` (and its backward) exist in this process
 OPS_REGISTERED = kernels_available()
 if OPS_REGISTERED:
-    _forward_op = torch.library.custom_op('polaformerpp::scaled_residual', _op_scaled_residual, mutates_args=())
-    _forward_op.register_fake(_op_scaled_residual_fake)
-    _backward_op = torch.library.custom_op('polaformerpp::scaled_residual_backward', _op_scaled_residual_backward,
-                                           mutates_args=())
-    _backward_op.register_fake(_op_scaled_residual_backward_fake)
-    _forward_op.register_autograd(_backward, setup_context=_setup_context)
+    register_kernel_op('scaled_residual', _op_scaled_residual, _op_scaled_residual_fake, _op_scaled_residual_backward,
+                       _op_scaled_residual_backward_fake, _backward, _setup_context)

@@ -27,7 +27,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..library import kernels_available
+from ..library import kernels_available, register_kernel_op
 from ..linear_residual import eager_decompositions as linear_residual_decompositions
 from ..rope import RopeHalves
 from .cpu import exponent_shift_needed, pola_attention_cpu, pola_attention_cpu_with_state
@@ -90,12 +90,8 @@ def _backward(ctx, grad_out):
 
 
 if OPS_REGISTERED:
-    _forward_op = torch.library.custom_op('polaformerpp::pola_attention_cpu', _forward, mutates_args=())
-    _forward_op.register_fake(_forward_fake)
-    _backward_custom_op = torch.library.custom_op('polaformerpp::pola_attention_cpu_backward', _backward_op,
-                                                  mutates_args=())
-    _backward_custom_op.register_fake(_backward_fake)
-    _forward_op.register_autograd(_backward, setup_context=_setup_context)
+    register_kernel_op('pola_attention_cpu', _forward, _forward_fake, _backward_op, _backward_fake, _backward,
+                       _setup_context)
 
 
 def pola_attention_cpu_traceable(q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor,
