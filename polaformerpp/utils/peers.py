@@ -22,9 +22,11 @@ import uuid
 from datetime import timedelta
 from typing import Dict, List, Optional
 
-#: ``str(error)`` fragments of the failures of gloo / NCCL collectives and of the store
+#: ``str(error)`` fragments of the failures of gloo / NCCL collectives and of the store (gloo's timeout reads
+#: either ``[.../gloo/...] Timed out waiting ...`` or ``Application timeout caused pair closure``, by where it
+#: caught the wait)
 _COLLECTIVE_FAILURE_TEXTS = ('gloo', 'nccl', 'connection closed by peer', 'connection reset by peer',
-                             'collective operation timeout')
+                             'collective operation timeout', 'timeout caused pair closure')
 
 _WATCH: List[Optional['PeerWatch']] = [None]
 
@@ -132,7 +134,8 @@ def _first_line(error: BaseException) -> str:
     return f'{type(error).__name__}: {text[0] if text else ""}'.rstrip(': ')
 
 
-def _is_collective_failure(error: BaseException) -> bool:
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a failed gloo / NCCL collective or store call."""
     import torch.distributed as dist
     seen = set()
     while error is not None and id(error) not in seen:
@@ -193,6 +196,6 @@ def explain_collective_failure(error: BaseException) -> Optional[str]:
     """The lost-peer explanation of ``error`` (see the module), or None when it is not a failed
     collective of a watched run or every rank answers at the same point."""
     watch = _WATCH[0]
-    if watch is None or not _is_collective_failure(error):
+    if watch is None or not is_collective_failure(error):
         return None
     return watch.explain(error)

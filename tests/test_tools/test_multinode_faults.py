@@ -32,7 +32,7 @@ from polaformerpp.engine import (
 )
 from polaformerpp.engine.job_resume import check_same_checkpoint, decide_for_job
 from polaformerpp.utils import DEFAULT_DIST_TIMEOUT, RunStoppedError, apply_dist_timeout, run_tool_main
-from polaformerpp.utils.peers import PeerWatch, explain_collective_failure, heartbeat_period
+from polaformerpp.utils.peers import PeerWatch, explain_collective_failure, heartbeat_period, is_collective_failure
 
 HERE = osp.dirname(osp.abspath(__file__))
 DEMO_CONFIG = osp.join(REPO_ROOT, 'configs', 'classification', 'polapp-b0_1xb32-30e_demo-shapes.py')
@@ -265,7 +265,7 @@ def test_frozen_peer_ends_the_job_within_the_timeout_naming_it(demo_in1k, tmp_pa
     pattern = (rf'train.py: error: lost peer: rank 1 \(host \S+, pid {frozen_pid}, last heartbeat at .*\) '
                r'stopped answering \(no heartbeat in [\d.]+ s: the process is frozen or gone, or its node is '
                r'lost\); rank 0 \(host \S+\) stopped at before_train_iter \(iteration 3\) when its collective '
-               r'failed: RuntimeError: .*gloo.* Timed out waiting 8000ms')
+               r'failed: RuntimeError: (.*gloo.* Timed out waiting 8000ms|Application timeout caused pair closure)')
     assert re.search(pattern, log), log[-6000:]
     print(next(line for line in lines if line.startswith('train.py: error: lost peer')).strip())
     # torchrun's failure summary carries the same line as the surviving rank's error
@@ -436,6 +436,10 @@ def test_heartbeats_name_the_rank_that_stopped_answering():
         assert message.endswith('rank 0 (host %s) stopped at before_train_iter (iteration 6) when its collective '
                                 'failed: RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out '
                                 'waiting 8000ms for recv' % watches[0].host)
+        # gloo's other wording of a timed-out wait (DDP's buffer broadcast) is a failed collective too
+        pair_closure = RuntimeError('Application timeout caused pair closure')
+        assert is_collective_failure(timeout) and is_collective_failure(pair_closure)
+        assert not is_collective_failure(ValueError('bad config'))
         # an error that is no failed collective is left alone; so is any error without a watch
         assert explain_collective_failure(ValueError('bad config')) is None
     finally:
