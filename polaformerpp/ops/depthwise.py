@@ -65,14 +65,12 @@ class _GradInWeightLayout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight):
-        ctx.weight_strides = weight.stride()
+        ctx.save_for_backward(weight)
         return weight.view_as(weight)
 
     @staticmethod
     def backward(ctx, grad):
-        if grad.stride() == ctx.weight_strides or not grad.is_contiguous():
-            return grad
-        return grad.reshape(-1).view(grad.shape)
+        return _in_layout_of(grad, *ctx.saved_tensors)
 
 
 def depthwise_conv2d_backward(grad: Tensor, image: Tensor, weight: Tensor, input_grad: bool = True,
