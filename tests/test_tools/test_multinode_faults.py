@@ -318,9 +318,11 @@ os.chdir(sys.argv[1 + rank])
 dist.init_process_group('gloo', rank=rank, world_size=2)
 try:
     check_same_checkpoint(os.path.join('work', 'epoch_1.pth'))
-    print('same')
+    print('same', flush=True)
 except Exception as error:
-    print(type(error).__name__, error)
+    print(type(error).__name__, error, flush=True)
+finally:  # a process group left to the interpreter's exit can abort there (std::terminate)
+    dist.destroy_process_group()
 """
 
 
