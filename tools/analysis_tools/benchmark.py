@@ -404,6 +404,7 @@ def compare_backbones(config, peers=(), resolutions=DEFAULT_RESOLUTIONS, batch_s
     with ProgressBar(cells * (len(models) + 1), 'resolutions x modes x backbones', enabled=progress) as bar:
         for size in resolutions:
             inputs = torch.randn(batch_size, 3, size, size, device=device)
+            forward_macs = {}  # per model at this size: the same forward for every mode
             for mode in modes:
                 cell = {}
                 for name, model in models:
@@ -413,8 +414,9 @@ def compare_backbones(config, peers=(), resolutions=DEFAULT_RESOLUTIONS, batch_s
                         peak_memory_mib=None, status='ok', device=str(device), batch_size=batch_size,
                         threads=None if cuda else torch.get_num_threads(), amp=amp or 'fp32')
                     try:
-                        macs = count_macs(model, inputs) * (TRAIN_MAC_FACTOR if mode == 'train' else 1)
-                        row['macs_g'] = macs / 1e9
+                        if name not in forward_macs:
+                            forward_macs[name] = count_macs(model, inputs)
+                        row['macs_g'] = forward_macs[name] * (TRAIN_MAC_FACTOR if mode == 'train' else 1) / 1e9
                         _set_mode(model, mode)
                         step = make_step(model, inputs, mode, autocast)
                         for _ in range(warmup):
