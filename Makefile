@@ -31,8 +31,13 @@ lint: env
 	$(PYTHON) -m ruff check .
 
 # Lint, then the whole suite, end-to-end ('slow') runs included: what CI runs.
+# pytest-xdist runs it on TEST_WORKERS processes (default: one per core, at most
+# 4), one intra-op thread each, handing out one test at a time, longest first.
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 test: lint
-	$(PYTHON) -m pytest tests -m "slow or not slow"
+	$(PYTHON) -m pytest tests -m "slow or not slow" -n $(TEST_WORKERS) --maxprocesses 4 \
+		--dist load --maxschedchunk 1
 
 # Default fast suite.
 test-fast: env

@@ -20,6 +20,13 @@ try:
 except ImportError:  # pragma: no cover
     pass
 
+#: Under pytest-xdist (``make test``) each worker runs on one intra-op thread, and so do the
+#: tools it starts: workers on cores of their own rather than OpenMP teams fighting over shared ones.
+if os.environ.get('PYTEST_XDIST_WORKER'):
+    os.environ['OMP_NUM_THREADS'] = '1'
+    if 'torch' in sys.modules:
+        sys.modules['torch'].set_num_threads(1)
+
 #: the repository root (configs and tools are addressed relative to it)
 REPO_ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
 
@@ -92,3 +99,40 @@ def demo_in1k(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('demo_in1k'))
     make_demo_data(root, num_classes=4, train_per_class=40, val_per_class=10, size=64, seed=0)
     return root
+
+
+# ----------------------------------------------------------------------------- schedule and budget
+#: Seconds a test may take on the reference machine (2 cores, AVX2, float32 sgemm ~130 GFLOP/s,
+#: one pytest-xdist worker per core): README, "Tests". The run lists the tests past them.
+TEST_BUDGET_S = {'fast': 5.0, 'slow': 90.0}
+_over_budget = []
+_setup_seconds = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    """End-to-end (``slow``) tests first, each group in file order.
+
+    Under pytest-xdist (``--dist load --maxschedchunk 1``) the longest runs then
+    start at once and the many short tests fill in around them, instead of one
+    long run starting last while the other workers idle.
+    """
+    items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
+def pytest_runtest_logreport(report):
+    """Note each test whose setup (fixtures) and call took longer than its kind's budget."""
+    if report.when == 'setup':
+        _setup_seconds[report.nodeid] = report.duration
+    elif report.when == 'call':
+        kind = 'slow' if 'slow' in report.keywords else 'fast'
+        seconds = _setup_seconds.pop(report.nodeid, 0.0) + report.duration
+        if seconds > TEST_BUDGET_S[kind]:
+            _over_budget.append((seconds, kind, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _over_budget:
+        return
+    terminalreporter.write_sep('=', 'tests over their budget (README, "Tests")')
+    for seconds, kind, nodeid in sorted(_over_budget, reverse=True):
+        terminalreporter.write_line(f'{seconds:7.1f}s > {TEST_BUDGET_S[kind]:.0f}s ({kind})  {nodeid}')
