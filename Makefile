@@ -31,13 +31,12 @@ lint: env
 	$(PYTHON) -m ruff check .
 
 # Lint, then the whole suite, end-to-end ('slow') runs included: what CI runs.
-# pytest-xdist runs it on TEST_WORKERS processes (default: one per core, at most
-# 4), one intra-op thread each, handing out one test at a time, longest first.
-# TEST_WORKERS=0 runs it in this process.
-TEST_WORKERS ?= auto
+# pytest-xdist runs it on TEST_WORKERS processes (default: one per core that
+# nproc reports, at most 4), one intra-op thread each, handing out one test at a
+# time, end-to-end runs first. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: lint
-	$(PYTHON) -m pytest tests -m "slow or not slow" -n $(TEST_WORKERS) --maxprocesses 4 \
-		--dist load --maxschedchunk 1
+	$(PYTHON) -m pytest tests -m "slow or not slow" -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 
 # Default fast suite.
 test-fast: env
