@@ -30,7 +30,9 @@ Select it in a config with ``runner_type = 'PolaRunner'`` (and
   so a failed collective is explained by the rank that stopped answering;
 * evaluators that gather results through the file system (``collect_device='cpu'``)
   do so under the run's log dir in the work dir (``WORK_DIR/<timestamp>/.collect-*``,
-  removed after each gathering), not in ``.dist_test`` of the current folder.
+  removed after each gathering), not in ``.dist_test`` of the current folder;
+* the config's formatted text is computed once, not for every log, dump and
+  checkpoint (:mod:`polaformerpp.engine.config_text`).
 """
 import copy
 import logging
@@ -47,6 +49,7 @@ from polaformerpp.utils.peers import set_stage, start_peer_watch
 from polaformerpp.utils.runtime import DEFAULT_DIST_TIMEOUT
 
 from .checkpoint_files import commit_temporary, discard, save_failure, temporary_path
+from .config_text import memoize_config_formatting
 from .hooks import AtomicCheckpointHook
 from .job_resume import check_same_checkpoint, check_same_position, decide_for_job, decide_resume
 from .loops import ResumableEpochBasedTrainLoop, ResumableIterBasedTrainLoop
@@ -70,6 +73,10 @@ class PolaRunner(Runner):
     """mmengine Runner with exact resumption, atomic checkpoints and elastic restarts (see module)."""
 
     _last_loaded_meta: Optional[dict] = None
+
+    def __init__(self, *args, **kwargs):
+        memoize_config_formatting()  # the config's text is formatted for the log, the dump and every checkpoint
+        super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------ building
     def setup_env(self, env_cfg) -> None:
