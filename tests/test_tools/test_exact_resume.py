@@ -44,17 +44,19 @@ tiny = dict(_delete_=True, embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num
             cls_proj_channels=128, layer_scale_init_values=[1, 1, 1, 1])
 # drop path on: the model draws from torch's generator every step
 model = dict(backbone=dict(arch=tiny, drop_path_rate=0.1), head=dict(in_channels=128))
+# 20 training images in batches of 4 (5 iterations an epoch) and 8 validation images: whether a
+# resumed run is bit-identical does not depend on how much data an iteration sees
 train_dataloader = dict(
-    num_workers={workers},
-    dataset=dict(data_root={root!r}, pipeline=[
+    batch_size=4, num_workers={workers},
+    dataset=dict(data_root={root!r}, indices=20, pipeline=[
         dict(type='LoadImageFromFile'),
         dict(type='RandomResizedCrop', scale=size, crop_ratio_range=(0.6, 1.0), backend='pillow'),
         dict(type='RandomFlip', prob=0.5, direction='horizontal'),
         dict(type='PackInputs'),
     ]))
 val_dataloader = dict(
-    num_workers=0,
-    dataset=dict(data_root={root!r}, pipeline=[
+    batch_size=8, num_workers=0,
+    dataset=dict(data_root={root!r}, indices=8, pipeline=[
         dict(type='LoadImageFromFile'),
         dict(type='ResizeEdge', scale=size, edge='short', backend='pillow'),
         dict(type='CenterCrop', crop_size=size),
