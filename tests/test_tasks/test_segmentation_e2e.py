@@ -65,7 +65,7 @@ def demo_ade_e2e(tmp_path_factory):
 @pytest.mark.slow
 def test_lightham_trains_and_evaluates_through_the_tools(demo_ade_e2e, tmp_path):
     work_dir = str(tmp_path / 'work')
-    iters = 300
+    iters = 200  # 2 seeds: loss ratio <= 0.19, mIoU >= 65 (TTA >= 71) against the 0.5 and 38.5 asked
     run_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--cfg-options',
               *_data_options(demo_ade_e2e), *TINY_OPTIONS, f'train_cfg.max_iters={iters}',
               f'train_cfg.val_interval={iters}', f'param_scheduler.1.end={iters}',
@@ -89,6 +89,8 @@ def test_lightham_trains_and_evaluates_through_the_tools(demo_ade_e2e, tmp_path)
         with open(out) as f:
             metrics[tta] = json.load(f)
     miou, miou_tta = float(metrics[False]['mIoU']), float(metrics[True]['mIoU'])
+    print(f'LightHam, {iters} iterations: loss {first:.3f} -> {last:.3f} (ratio {last / first:.3f}); '
+          f'mIoU {miou:.1f}, with TTA {miou_tta:.1f} (majority class {baseline:.1f})')
     assert miou > max(3 * baseline, baseline + 30), (miou, baseline)
     assert miou_tta > max(3 * baseline, baseline + 30), (miou_tta, baseline)
 
