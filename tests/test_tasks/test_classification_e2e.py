@@ -44,6 +44,7 @@ def test_train_evaluate_and_resume(demo_in1k, tmp_path):
     records = [r for r in read_scalars(work_dir) if 'loss' in r]
     first = sum(r['loss'] for r in records[:3]) / 3
     last = sum(r['loss'] for r in records[-3:]) / 3
+    print(f'classification demo, {epochs} epochs: loss {first:.3f} -> {last:.3f} (ratio {last / first:.3f})')
     assert last < 0.7 * first, (first, last)
 
     ckpt = osp.join(work_dir, f'epoch_{epochs}.pth')
@@ -53,6 +54,7 @@ def test_train_evaluate_and_resume(demo_in1k, tmp_path):
               '--cfg-options', *data_options(demo_in1k)])
     with open(metrics_file) as f:
         top1 = json.load(f)['accuracy/top1']
+    print(f'classification demo, {epochs} epochs: top-1 {top1:.1f}%')
     assert top1 >= 60.0, f'top-1 {top1}% vs 25% chance'
 
     # resume from the Runner's own checkpoint (message hub, optimizer, scheduler):
