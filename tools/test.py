@@ -35,6 +35,7 @@ from polaformerpp.utils import (
     apply_common_args,
     dist_timeout,
     exit_after_distributed_run,
+    freeze_long_lived_objects,
     init_distributed_if_cpu,
     run_tool_main,
     set_unsafe_loading,
@@ -100,6 +101,7 @@ def main(argv=None):
         raise SystemExit(1) from None
     init_distributed_if_cpu(args.launcher, dist_timeout(cfg))
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    freeze_long_lived_objects()
     if options is not None:
         compile_method(runner.model, 'test_step', options)
     # refuse (before evaluating) a checkpoint that leaves the model half-initialised

@@ -32,6 +32,7 @@ from polaformerpp.utils import (
     apply_common_args,
     dist_timeout,
     exit_after_distributed_run,
+    freeze_long_lived_objects,
     init_distributed_if_cpu,
     run_tool_main,
     set_unsafe_loading,
@@ -137,6 +138,7 @@ def main(argv=None):
     check_compile(cfg, args)
     init_distributed_if_cpu(args.launcher, dist_timeout(cfg))
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    freeze_long_lived_objects()
     if cfg.get('load_from') and not cfg.get('resume', False):
         # fine-tuning stays lenient: one line says what was and was not loaded
         runner.register_hook(StrictLoadHook(strict=False, filename=cfg.load_from))

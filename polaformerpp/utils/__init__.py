@@ -18,12 +18,14 @@ from .runtime import (
     apply_dist_timeout,
     dist_timeout,
     exit_after_distributed_run,
+    freeze_long_lived_objects,
     init_distributed_if_cpu,
     shutdown_distributed,
 )
 
 __all__ = [
-    'apply_common_args', 'adapt_cfg_to_device', 'exit_after_distributed_run', 'init_distributed_if_cpu',
+    'apply_common_args', 'adapt_cfg_to_device', 'exit_after_distributed_run', 'freeze_long_lived_objects',
+    'init_distributed_if_cpu',
     'shutdown_distributed', 'DEFAULT_DIST_TIMEOUT', 'apply_dist_timeout', 'dist_timeout', 'RunStoppedError',
     'run_tool_main',
     'installed_config_dir', 'is_config_scope_registered', 'register_config_scope', 'CheckpointMismatchError',

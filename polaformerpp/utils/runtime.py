@@ -16,8 +16,11 @@ GPU, without touching installed packages:
   a collective that cannot complete (a peer gone or frozen, ranks out of step)
   fails after ``env_cfg.dist_cfg.timeout`` seconds instead of gloo's and NCCL's
   30 minutes.
+* Once the Runner is built, what the process holds is moved out of the garbage
+  collector's full passes (:func:`freeze_long_lived_objects`).
 """
 import copy
+import gc
 import logging
 import os
 import os.path as osp
@@ -33,7 +36,8 @@ from mmengine.logging import print_log
 __all__ = [
     'apply_common_args', 'adapt_cfg_to_device', 'DEFAULT_DIST_TIMEOUT', 'DIST_TIMEOUT_ENV', 'apply_dist_timeout',
     'dist_timeout',
-    'init_distributed_if_cpu', 'shutdown_distributed', 'slurm_dist_env', 'add_tensorboard_backend'
+    'init_distributed_if_cpu', 'shutdown_distributed', 'slurm_dist_env', 'add_tensorboard_backend',
+    'freeze_long_lived_objects'
 ]
 
 #: the environment variable that sets the collective timeout (seconds) of the tools' distributed runs
@@ -238,6 +242,20 @@ def add_tensorboard_backend(cfg) -> None:
                for b in backends):
         backends.append(dict(type='TensorboardVisBackend'))
     visualizer['vis_backends'] = backends
+
+
+def freeze_long_lived_objects() -> None:
+    """Move every object the process holds now out of the garbage collector's sight (``gc.freeze``).
+
+    Called by the tools once the Runner is built: the libraries are imported and
+    the model exists, and all of it lives as long as the process. A full
+    collection then no longer walks it: mmengine's datasets run one each when
+    they serialize their annotations (about 0.2 s with torch, mmdet and
+    mmpretrain loaded, several times a run), and forked data workers do not
+    copy the pages such a walk would touch. Objects freed by their reference
+    count are freed as before; only cycles among the frozen objects stay.
+    """
+    gc.freeze()
 
 
 def shutdown_distributed() -> None:
