@@ -3,7 +3,9 @@
 Fast: a tiny classifier (static and dynamic H, W), the refusals (a checkpoint
 of another model, a config of another kind, an opset below the exporter's).
 Slow: the shipped b0 classifier, a b1 dense backbone and the SR x2 network,
-each with dynamic H, W, verified at two sizes.
+each with dynamic H, W, verified at two sizes. The b0 and b1 networks keep
+their widths, heads and heads' sizes but one block per stage: the blocks of a
+stage are one code path repeated, and export time grows with the graph.
 """
 import os.path as osp
 
@@ -42,6 +44,16 @@ def tiny_config(tmp_path_factory):
     path.write_text(f"_base_ = [{B0!r}]\n"
                     f"model = dict(backbone=dict(arch=dict(_delete_=True, **{TINY_ARCH!r})),\n"
                     f"             head=dict(in_channels={TINY_ARCH['cls_proj_channels']}, num_classes=10))\n")
+    return str(path)
+
+
+def one_block_per_stage(config: str, arch: str, folder) -> str:
+    """``config`` with its backbone on ``arch``'s widths, heads and projection, one block per stage."""
+    from polaformerpp.models.backbones import PolaFormerPP
+    one_block = dict(PolaFormerPP.arch_zoo[arch], depths=[1, 1, 1, 1])
+    path = folder / f'{arch}_one_block_per_stage.py'
+    path.write_text(f"_base_ = [{config!r}]\n"
+                    f"model = dict(backbone=dict(arch=dict(_delete_=True, **{one_block!r})))\n")
     return str(path)
 
 
@@ -103,7 +115,8 @@ def test_impossible_arguments_exit_2(tool, argv, name, capsys):
 # ----------------------------------------------------------------------------- the shipped networks
 @pytest.mark.slow
 def test_b0_classifier_dynamic_export_verifies(tool, tmp_path):
-    result = tool.main([B0, '--out', str(tmp_path / 'b0.onnx'), '--dynamic', '--verify'])
+    config = one_block_per_stage(B0, 'b0', tmp_path)
+    result = tool.main([config, '--out', str(tmp_path / 'b0.onnx'), '--dynamic', '--verify'])
     check_verified(result, ['logits'])
     assert result['outputs'] == {'logits': [1, 1000]}
 
@@ -111,7 +124,8 @@ def test_b0_classifier_dynamic_export_verifies(tool, tmp_path):
 @pytest.mark.slow
 def test_b1_dense_backbone_dynamic_export_verifies(tool, tmp_path):
     """LightHam's backbone returns stages 2-4; the Mask R-CNN configs' all four (same code path)."""
-    result = tool.main([LIGHTHAM_B1, '--out', str(tmp_path / 'b1.onnx'), '--shape', '256', '320', '--dynamic',
+    config = one_block_per_stage(LIGHTHAM_B1, 'b1', tmp_path)
+    result = tool.main([config, '--out', str(tmp_path / 'b1.onnx'), '--shape', '256', '320', '--dynamic',
                         '--verify'])
     check_verified(result, ['stride8', 'stride16', 'stride32'])
     assert result['outputs']['stride8'] == [1, 64, '(((height - 1)//8)) + 1', '(((width - 1)//8)) + 1']
