@@ -81,7 +81,9 @@ def test_e2e_x2_train_test_beats_bicubic(tmp_path):
         cy, cx = img.shape[0] // 2, img.shape[1] // 2
         write(f'{test_root}/photos/HR/{name}.png', img[cy - 75:cy + 76, cx - 99:cx + 100])
 
-    iters = 600  # about 1 minute of one CPU core
+    # about 40 s of one CPU core; beats bicubic by 0.29 / 0.46 / 0.26 dB with seeds 0 / 1 / 2 (seed 0:
+    # 0.37 dB after 500 iterations, 0.66 dB after 600; below bicubic after 300)
+    iters = 400
     cfg_path = tmp_path / 'e2e_sr_x2.py'
     cfg_path.write_text(E2E_CONFIG.format(base=SR_CONFIGS[2], train_root=train_root,
                                           test_root=test_root, iters=iters,
