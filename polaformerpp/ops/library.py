@@ -29,9 +29,9 @@ def kernels_available() -> bool:
 def cpu_kernels_apply(*tensors: Optional[Tensor]) -> bool:
     """Whether the compiled kernels may compute on ``tensors`` (None entries skipped): kernels built,
     fp32 CPU tensors, not traced or compiled, no CPU autocast (the conditions every fused CPU form shares)."""
-    if kernels is None or is_tracing() or torch.is_autocast_enabled('cpu'):
+    if kernels is None or is_tracing():
         return False
-    return all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors if t is not None)
+    return _fp32_cpu_without_autocast(tensors)
 
 
 def custom_ops_apply(*tensors: Optional[Tensor]) -> bool:
@@ -39,6 +39,11 @@ def custom_ops_apply(*tensors: Optional[Tensor]) -> bool:
     torch.compile or torch.export (not ``torch.jit.trace``), kernels built, fp32 CPU tensors, no CPU autocast."""
     if kernels is None or not torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
+    return _fp32_cpu_without_autocast(tensors)
+
+
+def _fp32_cpu_without_autocast(tensors) -> bool:
+    """fp32 CPU tensors (None entries skipped), CPU autocast off: what the kernels compute on, either way."""
     if torch.is_autocast_enabled('cpu'):
         return False
     return all(t.device.type == 'cpu' and t.dtype == torch.float32 for t in tensors if t is not None)
