@@ -23,7 +23,8 @@ The graph is captured with ``torch.export`` (non-strict) and translated by
 onnxruntime (a ``Concat`` fails shape inference). The exported program holds
 the attention's fused CPU kernel as a custom op; it is decomposed into the
 op's eager torch form before translation (the kernel is not an ONNX
-operator; the maths is the same). ``--dynamic`` makes H and W symbolic
+operator; the maths is the same), in the same re-trace as the exporter's own
+decompositions (one re-trace of the program instead of two). ``--dynamic`` makes H and W symbolic
 (``height``, ``width``; ``H, W >= 64`` for classifiers and backbones, so that
 the stride-32 stage keeps 2x2 tokens, ``>= 17`` for SR, two windows): the
 export then checks the traced graph's shape guards at several sizes (from
@@ -48,12 +49,13 @@ Examples::
         --out srlight_x2.onnx --shape 64 --dynamic --verify
 """
 import argparse
+import contextlib
 import os
 import os.path as osp
 import re
 import sys
 import time
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -232,6 +234,9 @@ def probe_sizes(shape: Tuple[int, int], min_size: int) -> List[Tuple[int, int]]:
 def capture_program(module: nn.Module, example: torch.Tensor, dynamic: bool, min_size: int):
     """``torch.export`` (non-strict) of ``module`` at ``example``; H and W symbolic with ``dynamic``.
 
+    The program keeps the kernels' custom ops (:func:`exporter_decomposes` turns them into torch
+    ops when ``torch.onnx`` translates it).
+
     H and W are marked ``Dim.DYNAMIC(min=min_size)``: guards the tracer cannot prove
     (``H <= 16 * ceil(H / 16)``) are kept as guards instead of failing the export. The
     guards are then checked at :func:`probe_sizes`: one that fails there (a size or a
@@ -252,7 +257,6 @@ def capture_program(module: nn.Module, example: torch.Tensor, dynamic: bool, min
         dynamic_shapes = (dims, )
     with torch.no_grad():
         program = torch.export.export(module, (example, ), dynamic_shapes=dynamic_shapes, strict=False)
-        program = program.run_decompositions(eager_decompositions())  # the kernels' custom ops -> torch ops
     if dynamic:
         check_guards(program, example, probe_sizes(tuple(example.shape[-2:]), min_size))
     return program
@@ -275,6 +279,26 @@ def check_guards(program, example: torch.Tensor, sizes: Sequence[Tuple[int, int]
             f'Python loop fixed them at the export size {example.shape[-2]}x{example.shape[-1]}); its guards fail '
             'at:\n' + '\n'.join(failures) + '\nExport without --dynamic (a graph for one size), or remove the '
             'size dependence.')
+
+
+@contextlib.contextmanager
+def exporter_decomposes(decompositions: Dict[object, Callable]) -> Iterator[None]:
+    """Within: ``torch.onnx``'s exporter decomposes the ops of ``decompositions`` too.
+
+    The exporter re-traces the program once with its decomposition table, which it builds from
+    ``torch._decomp.decomposition_table``; the entries are added there for the block and removed
+    after (an op that already had one keeps it). Decomposing them in a re-trace of their own
+    first costs a second trace of the whole program (a third of an export's time).
+    """
+    import torch._decomp
+    table = torch._decomp.decomposition_table
+    added = [op for op in decompositions if op not in table]
+    table.update({op: decompositions[op] for op in added})
+    try:
+        yield
+    finally:
+        for op in added:
+            table.pop(op, None)
 
 
 def name_dynamic_axes(model) -> None:
@@ -305,9 +329,10 @@ def export_onnx(exportable: Exportable, out: str, shape: Tuple[int, int], dynami
     start = time.perf_counter()
     example = _example_input(exportable.in_channels, shape)
     program = capture_program(exportable.module, example, dynamic, MIN_DYNAMIC_SIZE[exportable.kind])
-    onnx_program = torch.onnx.export(program, (example, ), input_names=['input'],
-                                     output_names=exportable.output_names, opset_version=opset, dynamo=True,
-                                     verbose=False)
+    with exporter_decomposes(eager_decompositions()):  # the kernels' custom ops -> torch ops
+        onnx_program = torch.onnx.export(program, (example, ), input_names=['input'],
+                                         output_names=exportable.output_names, opset_version=opset, dynamo=True,
+                                         verbose=False)
     onnx_program.save(out)
     model = onnx.load(out)
     if dynamic:
