@@ -22,14 +22,13 @@ The graph is captured with ``torch.export`` (non-strict) and translated by
 (``dynamo=False``) is not used: its graph of the attention does not load in
 onnxruntime (a ``Concat`` fails shape inference). The exported program holds
 the attention's fused CPU kernel as a custom op; it is decomposed into the
-op's eager torch form before translation (the kernel is not an ONNX
-operator; the maths is the same), in the same re-trace as the exporter's own
-decompositions (one re-trace of the program instead of two). ``--dynamic`` makes H and W symbolic
-(``height``, ``width``; ``H, W >= 64`` for classifiers and backbones, so that
-the stride-32 stage keeps 2x2 tokens, ``>= 17`` for SR, two windows): the
-export then checks the traced graph's shape guards at several sizes (from
-the smallest to 16x the export size) and refuses a graph that a
-size-dependent branch or loop fixed to the export size. ``--opset`` targets
+op's eager torch form (the kernel is not an ONNX operator; the maths is the
+same) in the exporter's own re-trace of the program. ``--dynamic`` makes H
+and W symbolic (``height``, ``width``; ``H, W >= 64`` for classifiers and
+backbones, so that the stride-32 stage keeps 2x2 tokens, ``>= 17`` for SR,
+two windows): the export then checks the traced graph's shape guards at
+several sizes (from the smallest to 16x the export size) and refuses a graph
+that a size-dependent branch or loop fixed to the export size. ``--opset`` targets
 another ai.onnx opset than the exporter's own (18) through the onnxscript
 version converter.
 
@@ -283,22 +282,23 @@ def check_guards(program, example: torch.Tensor, sizes: Sequence[Tuple[int, int]
 
 @contextlib.contextmanager
 def exporter_decomposes(decompositions: Dict[object, Callable]) -> Iterator[None]:
-    """Within: ``torch.onnx``'s exporter decomposes the ops of ``decompositions`` too.
+    """Within: ``torch.onnx``'s exporter decomposes the ops of ``decompositions`` as given.
 
     The exporter re-traces the program once with its decomposition table, which it builds from
-    ``torch._decomp.decomposition_table``; the entries are added there for the block and removed
-    after (an op that already had one keeps it). Decomposing them in a re-trace of their own
-    first costs a second trace of the whole program (a third of an export's time).
+    ``torch._decomp.decomposition_table``; the entries are set there for the block and the table is
+    restored after. Decomposing them in a re-trace of their own first costs a second trace of the
+    whole program (about a fifth of a small network's export).
     """
     import torch._decomp
     table = torch._decomp.decomposition_table
-    added = [op for op in decompositions if op not in table]
-    table.update({op: decompositions[op] for op in added})
+    previous = {op: table[op] for op in decompositions if op in table}
+    table.update(decompositions)
     try:
         yield
     finally:
-        for op in added:
-            table.pop(op, None)
+        for op in decompositions:
+            del table[op]
+        table.update(previous)
 
 
 def name_dynamic_axes(model) -> None:
