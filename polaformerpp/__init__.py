@@ -20,15 +20,21 @@ And it gives mmpretrain's model hub the ImageNet classifiers by name
 (:mod:`polaformerpp.apis.mmpretrain_models`), without importing mmpretrain:
 ``mmpretrain.get_model('polapp-b2_8xb256_in1k', pretrained=CKPT)``,
 ``list_models('polapp*')`` and ``ImageClassificationInferencer(<name>, pretrained=CKPT)`` work.
+
+And it makes mmengine read the config index of a ``pkg::`` package (``mmdet::``,
+``mmseg::``, ...) once per process instead of once per reference
+(:mod:`polaformerpp.utils.config_index`): the same configs, read in a fraction of the time.
 """
 from . import models  # noqa: F401
 from .ops import pola_attention, pola_rope_tables
 from .utils.checkpoint import register_safe_globals
+from .utils.config_index import memoize_config_index
 from .utils.config_scope import register_config_scope
 from .version import __version__
 
 register_config_scope()
 register_safe_globals()
+memoize_config_index()
 
 from .apis.mmpretrain_models import register_on_mmpretrain_import  # noqa: E402 (after the scope exists)
 
