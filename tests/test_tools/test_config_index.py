@@ -1,8 +1,9 @@
-"""The ``pkg::`` config index read once: the same answers as mmengine's own look-up, and edits seen."""
+"""The ``pkg::`` look-ups memoized: the same answers as mmengine's own, and edits and installs seen."""
 import os
 
 import pytest
 from mmengine.config import Config
+from mmengine.config import config as config_module
 from mmengine.config import utils as config_utils
 
 import polaformerpp  # noqa: F401 (installs the memoized look-up)
@@ -71,3 +72,23 @@ def test_library_configs_read_as_without_the_memo(tmp_path):
         config_utils._get_cfg_metainfo = wrapped
     assert memoized == own
     assert all(cfg['model']['type'] == 'RetinaNet' for cfg in memoized)
+
+
+def test_installed_packages_are_remembered_and_missing_ones_asked_again(tmp_path, monkeypatch):
+    import importlib
+    is_installed = config_module.is_installed
+    assert is_installed('mmengine') and is_installed.uncached('mmengine')
+
+    def no_reload(module):
+        raise AssertionError(f'{module.__name__} reloaded for a package already found')
+
+    with monkeypatch.context() as patch:  # found once: answered without mmengine's pkg_resources reload
+        patch.setattr(importlib, 'reload', no_reload)
+        assert is_installed('mmengine')
+
+    name = 'polapp_installed_meanwhile'
+    assert not is_installed(name)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / '__init__.py').write_text('')
+    monkeypatch.syspath_prepend(str(tmp_path))  # "installed" now: asked again, and found
+    assert is_installed(name) and is_installed.uncached(name)
