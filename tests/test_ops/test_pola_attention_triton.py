@@ -278,6 +278,7 @@ def test_unsupported_inputs_raise():
         pola_attention_triton(q.double(), k.double(), v.double(), temp_same, temp_opp)
 
 
+@pytest.mark.slow  # about 20 s of ptxas on a small CPU: past the default set's budget
 def test_kernels_compile_for_gpu_targets():
     """The interpreter does not check what a GPU build checks (dot shapes, layouts, types):
     compile every kernel for sm_90 and sm_80 ahead of time (no GPU needed, ptxas is)."""

@@ -19,6 +19,7 @@ def tool():
     return load_tool(TOOL)
 
 
+@pytest.mark.slow  # four networks timed, profiled and counted at two sizes: about 15 s
 def test_compare_writes_table_csv_and_plot(tool, tmp_path, capsys):
     threads = torch.get_num_threads()
     try:

@@ -1,11 +1,12 @@
 """tools/deployment/pytorch2onnx.py: ONNX export checked by onnxruntime, and its errors.
 
-Fast: a tiny classifier (static and dynamic H, W), the refusals (a checkpoint
-of another model, a config of another kind, an opset below the exporter's).
-Slow: the shipped b0 classifier, a b1 dense backbone and the SR x2 network,
-each with dynamic H, W, verified at two sizes. The b0 and b1 networks keep
-their widths, heads and heads' sizes but one block per stage: the blocks of a
-stage are one code path repeated, and export time grows with the graph.
+Fast: a tiny classifier (static H, W), the refusals (a checkpoint of another
+model, a config of another kind, an opset below the exporter's). Slow: the
+tiny classifier with dynamic H, W, the shipped b0 classifier, a b1 dense
+backbone and the SR x2 network, each with dynamic H, W, verified at two
+sizes. The b0 and b1 networks keep their widths, heads and heads' sizes but
+one block per stage: the blocks of a stage are one code path repeated, and
+export time grows with the graph.
 """
 import os.path as osp
 
@@ -76,6 +77,7 @@ def test_tiny_classifier_static_export_runs_in_onnxruntime(tool, tiny_config, tm
     assert 'verified: max relative error' in printed and 'logits' in printed
 
 
+@pytest.mark.slow  # about 20 s on a small CPU: past the default set's budget
 def test_tiny_classifier_dynamic_export_runs_at_two_sizes(tool, tiny_config, tmp_path):
     out = str(tmp_path / 'tiny_dynamic.onnx')
     result = tool.main([tiny_config, '--out', out, '--shape', '64', '--dynamic', '--verify'])
