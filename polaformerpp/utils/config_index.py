@@ -29,16 +29,13 @@ import os
 import os.path as osp
 import threading
 import warnings
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 from mmengine.config import config as _config_module
 from mmengine.config import utils as _config_utils
 from mmengine.fileio import load
 
 __all__ = ['memoize_config_index']
-
-#: set on the installed function so that installing twice wraps once
-_WRAPPED_FLAG = '__polaformerpp_config_index__'
 
 
 def _file_key(path: str) -> Tuple[str, int, int]:
@@ -50,14 +47,14 @@ class _PackageIndex:
     """One package's ``.mim`` model index: config name (``'<name>'`` of ``'<task>/<name>'``) -> entry."""
 
     def __init__(self, package_path: str):
-        # each file's key is taken before it is read: a change while reading shows at the next look-up
-        self.index_path = osp.join(package_path, '.mim', 'model-index.yml')
-        self.index_key = _file_key(self.index_path)
-        self.meta_keys = []
+        # (path, mtime, size) of the index, then of each metafile, each taken before the file is
+        # read: a change while reading shows at the next look-up
+        index_path = osp.join(package_path, '.mim', 'model-index.yml')
+        self.file_keys: List[Tuple[str, int, int]] = [_file_key(index_path)]
         self.table: Dict[str, dict] = {}
-        for meta in load(self.index_path)['Import']:
+        for meta in load(index_path)['Import']:
             meta_path = osp.join(package_path, '.mim', meta)
-            self.meta_keys.append(_file_key(meta_path))
+            self.file_keys.append(_file_key(meta_path))
             for entry in load(meta_path)['Models']:
                 if 'Config' not in entry:
                     warnings.warn(f'There is not `Config` define in {entry}')
@@ -66,8 +63,7 @@ class _PackageIndex:
 
     def is_current(self) -> bool:
         """Whether the index and every metafile it lists still have the size and time they were read at."""
-        return (_file_key(self.index_path) == self.index_key
-                and all(_file_key(key[0]) == key for key in self.meta_keys))
+        return all(_file_key(path) == (path, mtime, size) for path, mtime, size in self.file_keys)
 
 
 def _memoized(get_cfg_metainfo):
@@ -87,8 +83,7 @@ def _memoized(get_cfg_metainfo):
         return copy.deepcopy(index.table[cfg_path])
 
     cached_get_cfg_metainfo.__doc__ = get_cfg_metainfo.__doc__
-    setattr(cached_get_cfg_metainfo, _WRAPPED_FLAG, True)
-    cached_get_cfg_metainfo.uncached = get_cfg_metainfo
+    cached_get_cfg_metainfo.uncached = get_cfg_metainfo  # mmengine's own; also marks the wrapper
     return cached_get_cfg_metainfo
 
 
@@ -104,15 +99,14 @@ def _remembering_installed(is_installed):
         return found
 
     remembering_is_installed.__doc__ = is_installed.__doc__
-    setattr(remembering_is_installed, _WRAPPED_FLAG, True)
-    remembering_is_installed.uncached = is_installed
+    remembering_is_installed.uncached = is_installed  # mmengine's own; also marks the wrapper
     return remembering_is_installed
 
 
 def memoize_config_index() -> None:
     """Make mmengine read each package's config index once while it is unchanged, and remember the
     packages it found installed, for ``pkg::`` config paths (idempotent)."""
-    if not getattr(_config_utils._get_cfg_metainfo, _WRAPPED_FLAG, False):
+    if not hasattr(_config_utils._get_cfg_metainfo, 'uncached'):
         _config_utils._get_cfg_metainfo = _memoized(_config_utils._get_cfg_metainfo)
-    if not getattr(_config_module.is_installed, _WRAPPED_FLAG, False):
+    if not hasattr(_config_module.is_installed, 'uncached'):
         _config_module.is_installed = _remembering_installed(_config_module.is_installed)
