@@ -92,6 +92,34 @@ def free_port():
         return s.getsockname()[1]
 
 
+def built_once(tmp_path_factory, name, build):
+    """The folder ``build(folder)`` filled, built once per test run even under pytest-xdist.
+
+    A session or module fixture runs once in each xdist worker; what it writes is the
+    same in all of them. The first worker to ask builds it under a file lock in the
+    run's shared temporary folder, the others wait for it and read the same files.
+    Without xdist the folder is this session's own. ``build`` returns nothing; what it
+    leaves in ``folder`` is the result (a half-built folder is never handed out: the
+    marker is written after ``build`` returns, and a failed build is retried by the next
+    worker that asks, which then fails the same way).
+    """
+    from filelock import FileLock
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        root = root.parent  # the run's folder above the workers' own
+    folder = root / f'built_once_{name}'
+    with FileLock(str(folder) + '.lock'):
+        done = folder / '.built'
+        if not done.is_file():
+            if folder.exists():
+                import shutil
+                shutil.rmtree(folder)
+            folder.mkdir()
+            build(folder)
+            done.write_text('ok\n')
+    return folder
+
+
 @pytest.fixture(scope='session')
 def demo_in1k(tmp_path_factory):
     """The generated ImageNet-format shapes set (4 classes, 64 px)."""

@@ -3,19 +3,19 @@
 The key mapping itself is tested in tests/test_models/test_polaformerpp_convert.py.
 """
 import copy
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 
-from conftest import REPO_ROOT, load_tool
+from conftest import REPO_ROOT, built_once, load_tool
 
 REPO = Path(REPO_ROOT)
 CONVERTER = REPO / 'tools' / 'model_converters' / 'polapp_official2mm.py'
@@ -40,25 +40,37 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope='module')
-def b0():
-    """Reference models, their authors'-format checkpoint and two CLI runs started in parallel."""
-    tmp = Path(tempfile.mkdtemp(prefix='polapp_conv_'))
+def _convert_b0(folder):
+    """The authors'-format checkpoints (seeded reference models) and the two CLI runs, started in
+    parallel; their exit codes and output in ``runs.json``."""
     model, ema = ref.authors_model('b0', seed=0), ref.authors_model('b0', seed=1)
-    src = tmp / 'official_b0.pth'
+    src = folder / 'official_b0.pth'
     torch.save({'model': model.state_dict(), 'state_dict_ema': ema.state_dict(), 'epoch': 299}, src)
-    bad = tmp / 'bad.pth'
-    torch.save({'model': ref.broken_state_dict(model.state_dict())}, bad)
-    jobs = {
-        'plain': (run_cli(src, tmp / 'mm_b0.pth'), tmp / 'mm_b0.pth'),
-        'bad': (run_cli(bad, tmp / 'mm_bad.pth'), tmp / 'mm_bad.pth'),
-    }
+    torch.save({'model': ref.broken_state_dict(model.state_dict())}, folder / 'bad.pth')
+    jobs = {'plain': (run_cli(src, folder / 'mm_b0.pth'), 'mm_b0.pth'),
+            'bad': (run_cli(folder / 'bad.pth', folder / 'mm_bad.pth'), 'mm_bad.pth')}
     runs = {}
     for name, (proc, dst) in jobs.items():
         out, _ = proc.communicate(timeout=120)
         runs[name] = (proc.returncode, out, dst)
-    yield dict(model=model, ema=ema, src=src, runs=runs, tmp=tmp)
-    shutil.rmtree(tmp, ignore_errors=True)
+    (folder / 'runs.json').write_text(json.dumps(runs))
+
+
+@pytest.fixture(scope='module')
+def b0(tmp_path_factory):
+    """Reference models, their authors'-format checkpoint and two CLI runs (converted once per
+    test run, shared by the xdist workers), and a folder of this module's own."""
+    shared = built_once(tmp_path_factory, 'polapp_official2mm_b0', _convert_b0)
+    src = shared / 'official_b0.pth'
+    weights = torch.load(src, map_location='cpu', weights_only=True)
+    model, ema = ref.authors_model('b0', seed=0), ref.authors_model('b0', seed=1)
+    model.load_state_dict(weights['model'])
+    ema.load_state_dict(weights['state_dict_ema'])
+    runs = {name: (rc, out, shared / dst)
+            for name, (rc, out, dst) in json.loads((shared / 'runs.json').read_text()).items()}
+    tmp = tmp_path_factory.mktemp('polapp_conv')
+    shutil.copy(shared / 'bad.pth', tmp / 'bad.pth')
+    return dict(model=model, ema=ema, src=src, runs=runs, tmp=tmp)
 
 
 def test_cli_into_config_classifier(b0):
