@@ -1,5 +1,5 @@
 """demo/image_demo.py: one config per task on a real photograph (scikit-image's astronaut,
-downscaled), run as users run it (``-m slow``), and the argument errors (fast, in process)."""
+downscaled), through its command line (``main(argv)``, ``-m slow``), and the argument errors (fast)."""
 import json
 import os.path as osp
 
@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, load_tool, run_tool
+from conftest import REPO_ROOT, load_tool
 
 CLS_B0 = 'configs/classification/polapp-b0_8xb256_in1k.py'
 MASK_RCNN_B2 = 'configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py'
@@ -35,9 +35,21 @@ def photo(tmp_path_factory):
     return astronaut(tmp_path_factory.mktemp('photo') / 'astronaut.png', 128)
 
 
-def run_demo(*args):
-    """The demo as a subprocess, one OpenMP thread; its stdout."""
-    return run_tool(['demo/image_demo.py', *args], env=dict(OMP_NUM_THREADS='1')).stdout
+def run_demo(capsys, *args):
+    """The demo's command line (its ``main``) in this process on one thread; what it printed.
+
+    The process itself is not what these tests check (the refusals above run in-process
+    too): starting one would add its imports, several seconds, to each.
+    """
+    import torch
+    capsys.readouterr()  # only what this run prints
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        load_tool('demo/image_demo.py').main(list(args))
+    finally:
+        torch.set_num_threads(threads)
+    return capsys.readouterr().out
 
 
 def read(path):
@@ -123,7 +135,7 @@ def test_side_by_side(demo):
 
 
 @pytest.mark.slow
-def test_classification_b0_with_checkpoint(photo, tmp_path):
+def test_classification_b0_with_checkpoint(photo, tmp_path, capsys):
     # a checkpoint holding only the head that makes class 7 win, with its own class names in
     # meta.dataset_meta: refused as not fitting the model, run with --allow-partial (the rest keeps
     # its initialisation)
@@ -139,7 +151,7 @@ def test_classification_b0_with_checkpoint(photo, tmp_path):
     out = str(tmp_path / 'out')
     with pytest.raises(CheckpointMismatchError, match=r'missing in the checkpoint \(224\)'):
         load_tool('demo/image_demo.py').main([photo, CLS_B0, '--weights', ckpt, '--out-dir', out, '--device', 'cpu'])
-    stdout = run_demo(photo, CLS_B0, '--weights', ckpt, '--allow-partial', '--out-dir', out, '--topk', '3',
+    stdout = run_demo(capsys, photo, CLS_B0, '--weights', ckpt, '--allow-partial', '--out-dir', out, '--topk', '3',
                       '--device', 'cpu')
     vis, pred = osp.join(out, 'vis', 'astronaut.png'), osp.join(out, 'preds', 'astronaut.json')
     assert written(stdout) == [vis, pred]
@@ -154,11 +166,11 @@ def test_classification_b0_with_checkpoint(photo, tmp_path):
 
 
 @pytest.mark.slow
-def test_detection_mask_rcnn_b2(photo, tmp_path):
+def test_detection_mask_rcnn_b2(photo, tmp_path, capsys):
     # the real arch on a small test scale; the random model's scores are all below mmdet's
     # 0.05, so the threshold is lowered to have instances to draw
     out = str(tmp_path / 'out')
-    stdout = run_demo(photo, MASK_RCNN_B2, '--out-dir', out, '--score-thr', '0', '--device', 'cpu',
+    stdout = run_demo(capsys, photo, MASK_RCNN_B2, '--out-dir', out, '--score-thr', '0', '--device', 'cpu',
                       '--cfg-options', 'test_dataloader.dataset.pipeline.1.scale=(256,160)',
                       'model.test_cfg.rcnn.score_thr=0.0', 'model.test_cfg.rcnn.max_per_img=5')
     vis, pred = osp.join(out, 'vis', 'astronaut.png'), osp.join(out, 'preds', 'astronaut.json')
@@ -174,9 +186,9 @@ def test_detection_mask_rcnn_b2(photo, tmp_path):
 
 
 @pytest.mark.slow
-def test_segmentation_lightham_b1(photo, tmp_path):
+def test_segmentation_lightham_b1(photo, tmp_path, capsys):
     out = str(tmp_path / 'out')
-    stdout = run_demo(photo, LIGHTHAM_B1, '--out-dir', out, '--device', 'cpu',
+    stdout = run_demo(capsys, photo, LIGHTHAM_B1, '--out-dir', out, '--device', 'cpu',
                       '--cfg-options', 'test_dataloader.dataset.pipeline.1.scale=(128,128)')
     vis = osp.join(out, 'vis', 'astronaut.png')
     paths = written(stdout)
@@ -191,10 +203,10 @@ def test_segmentation_lightham_b1(photo, tmp_path):
 
 
 @pytest.mark.slow
-def test_super_resolution_x2(tmp_path):
+def test_super_resolution_x2(tmp_path, capsys):
     lr = astronaut(tmp_path / 'lr.png', 96)
     out = str(tmp_path / 'out')
-    stdout = run_demo(lr, SR_X2, '--out-dir', out, '--device', 'cpu')
+    stdout = run_demo(capsys, lr, SR_X2, '--out-dir', out, '--device', 'cpu')
     sr_path, pair_path = osp.join(out, 'lr_x2.png'), osp.join(out, 'lr_x2_vs_bicubic.png')
     assert written(stdout) == [sr_path, pair_path]
     sr, pair = read(sr_path), read(pair_path)
