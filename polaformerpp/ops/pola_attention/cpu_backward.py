@@ -14,11 +14,12 @@ and output gradient ``g_s``)::
 
 and through ``phi = exp(relu(x)) - 1`` (slope ``phi + 1`` on the active
 exponents, zero elsewhere) to ``q``, ``k`` and the temperatures. Two passes,
-queries then keys. For head dims that are a multiple of 8 each pass is one
-kernel (``query_backward``, ``key_backward``): per block of tokens and head
-on one thread it rebuilds the feature rows in a buffer, runs the products
-with them there (sgemm) and finishes every row's derivatives while the block
-is in cache. Otherwise the passes go over token chunks: the kernels rebuild
+queries then keys. By default each pass is one kernel (``query_backward``,
+``key_backward``): per block of tokens and head on one thread it rebuilds the
+feature rows in a buffer, runs the products with them there (sgemm) and
+finishes every row's derivatives while the block is in cache (vector rows for
+head dims that are a multiple of 8, scalar rows otherwise). With a
+``chunk_size`` the passes go over token chunks instead: the kernels rebuild
 the feature rows (``query_features``, ``key_features``) and finish every
 row's derivatives (``query_grads``, ``key_grads``), and the four products
 between them are batched matmuls. Autograd of the eager backend instead
@@ -88,9 +89,9 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
         grad_out, out: ``(B, h, N, dv)``; q, k: ``(B, h, N, d)``; v: ``(B, h, N, dv)``.
         temp_same, temp_opp: ``(h, 2d)``.
         state: ``(B, h, 2d, dv)`` and key_mean ``(B, h, 2d)``, fp32, from the forward (unshifted).
-        chunk_size: tokens per step of the chunked passes (default: :func:`~.common.chunk_tokens`); by
-            default, head dims that are a multiple of 8 take the block-fused passes
-            (``query_backward``, ``key_backward``) instead.
+        chunk_size: tokens per step of the chunked passes; by default (None) the block-fused passes
+            (``query_backward``, ``key_backward``) run instead, or, on kernels built without them,
+            chunks of :func:`~.common.chunk_tokens`.
         grad_qkv: fp32 tensors shaped like ``q, k, v`` (any strides with a contiguous
             last dim, e.g. views of one packed gradient) that receive the gradients of
             ``q, k, v``; fresh tensors by default.
@@ -107,7 +108,7 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
 
     grad_q, grad_k, grad_v = grad_qkv if grad_qkv is not None else (q.new_empty(q.shape), k.new_empty(k.shape),
                                                                     v.new_empty(v.shape))
-    if chunk_size is None and head_dim % 8 == 0 and hasattr(kernels, 'query_backward'):
+    if chunk_size is None and hasattr(kernels, 'query_backward'):
         # both passes block-fused in the kernels (vector rows): nothing per chunk reaches memory
         rows = rope_rows(0, num_tokens)[:5]
         grad_state, mean_parts, temp_parts = kernels.query_backward(

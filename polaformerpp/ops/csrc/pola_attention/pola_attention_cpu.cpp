@@ -1125,10 +1125,12 @@ void readout(const torch::Tensor& q, const torch::Tensor& signed_temps, const to
     });
 }
 
-// ---- block-fused backward (vector rows, d a multiple of kLanes) ----
+// ---- block-fused backward ----
 // The two passes of ../cpu_backward.py per block of tokens on one thread: the feature
 // rows are rebuilt in a per-thread buffer, multiplied there (sgemm) and finished row by
-// row while in cache; no feature row, product or chunk reaches memory.
+// row while in cache; no feature row, product or chunk reaches memory. Rows go through
+// the vector forms where d is a multiple of kLanes, through the scalar ones otherwise
+// (as in the chunked kernels).
 
 // The query pass: per block of kQueryBlockRows tokens of (b, h), F_s = R(phi_s) / den_s,
 // dS_s += F_s^T g_s, G_s = g_s S_s^T, then query_grad_row_vec per token (dq into grad_q).
@@ -1143,7 +1145,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
         const torch::Tensor& out, torch::Tensor& grad_q) {
     check_float_rows(q, "q", 4);
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
-    TORCH_CHECK(d % kLanes == 0, "query_backward needs a head dim that is a multiple of ", kLanes);
     check_query_inputs(signed_temps, key_mean, B, H, d);
     check_float_rows(grad_q, "grad_q", 4);
     const int64_t dv = check_output_rows(grad_out, out, B, H, n), half = dv / 2;
@@ -1152,7 +1153,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
                 state.sizes() == torch::IntArrayRef({B, H, 2 * d, dv}), "state must be contiguous float32 (B, h, 2d, dv)");
     check_blas_stride(grad_out.stride(2), "grad_out");
     const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
-    const PreparedRope prepared(rope, n, d);
+    const bool vec = d % kLanes == 0;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
     const int64_t BH = B * H, blocks = (n + kQueryBlockRows - 1) / kQueryBlockRows;
     const int64_t splits = block_splits(blocks, BH);
     auto partial_grad_state = torch::empty({BH, splits, 2 * d, dv}, q.options());
@@ -1170,8 +1172,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
     float* dtp = grad_temps.data_ptr<float>();
     const float epsf = static_cast<float>(eps);
     at::parallel_for(0, BH * splits, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> feature(2 * d), rows_buf(kQueryBlockRows * 4 * d), grad_rot(2 * kQueryBlockRows * 2 * d),
-            den(2);
+        std::vector<float> feature(2 * d), grad_phi(2 * d), rows_buf(kQueryBlockRows * 4 * d),
+            grad_rot(2 * kQueryBlockRows * 2 * d), den(2);
         for (int64_t task = begin; task < end; ++task) {
             const int64_t bh = task / splits, split = task % splits, b = bh / H, h = bh % H;
             const int64_t first = split * blocks / splits, last = (split + 1) * blocks / splits;
@@ -1181,11 +1183,18 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
                 const int64_t rows = stop - start;
                 const float* g = gp + b * grad_out.stride(0) + h * grad_out.stride(1) + start * grad_out.stride(2);
                 for (int64_t i = start; i < stop; ++i) {
-                    const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                    const float* q_row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
                     float* target = rows_buf.data() + (i - start) * 4 * d;
-                    query_row_vec(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
-                                  mp + bh * 2 * d, prepared.present ? &r : nullptr, d, epsf, target, den.data());
-                    scale_rows(target, 2 * d, den.data());
+                    if (vec) {
+                        const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                        query_row_vec(q_row, tp + h * 4 * d, mp + bh * 2 * d, prepared.present ? &r : nullptr, d,
+                                      epsf, target, den.data());
+                        scale_rows(target, 2 * d, den.data());
+                    } else {
+                        const RopeRows r = rope.present ? rope.rows(i) : RopeRows{};
+                        query_row(q_row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &r : nullptr, d, epsf,
+                                  feature.data(), target);
+                    }
                 }
                 for (int64_t stream = 0; stream < 2; ++stream) {
                     // dS_s (2d, dv/2) (+)= F_s^T g_s;  G_s (rows, 2d) = g_s S_s^T
@@ -1197,15 +1206,22 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
                                 2 * d);
                 }
                 for (int64_t i = start; i < stop; ++i) {
-                    const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
-                    query_grad_row_vec(qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), tp + h * 4 * d,
-                                       mp + bh * 2 * d, prepared.present ? &r : nullptr, d, dv, epsf,
-                                       gp + b * grad_out.stride(0) + h * grad_out.stride(1) + i * grad_out.stride(2),
-                                       op + b * out.stride(0) + h * out.stride(1) + i * out.stride(2),
-                                       grad_rot.data() + (i - start) * 2 * d, kQueryBlockRows * 2 * d,
-                                       feature.data(),
-                                       dqp + b * grad_q.stride(0) + h * grad_q.stride(1) + i * grad_q.stride(2),
-                                       dmp + task * 2 * d, dtp + task * 4 * d);
+                    const float* q_row = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
+                    const float* g_row = gp + b * grad_out.stride(0) + h * grad_out.stride(1) + i * grad_out.stride(2);
+                    const float* o_row = op + b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
+                    const float* rot_row = grad_rot.data() + (i - start) * 2 * d;
+                    float* dq_row = dqp + b * grad_q.stride(0) + h * grad_q.stride(1) + i * grad_q.stride(2);
+                    if (vec) {
+                        const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                        query_grad_row_vec(q_row, tp + h * 4 * d, mp + bh * 2 * d, prepared.present ? &r : nullptr,
+                                           d, dv, epsf, g_row, o_row, rot_row, kQueryBlockRows * 2 * d,
+                                           feature.data(), dq_row, dmp + task * 2 * d, dtp + task * 4 * d);
+                    } else {
+                        const RopeRows r = rope.present ? rope.rows(i) : RopeRows{};
+                        query_grad_row(q_row, tp + h * 4 * d, mp + bh * 2 * d, rope.present ? &r : nullptr, d, dv,
+                                       epsf, g_row, o_row, rot_row, kQueryBlockRows * 2 * d, feature.data(),
+                                       grad_phi.data(), dq_row, dmp + task * 2 * d, dtp + task * 4 * d);
+                    }
                 }
             }
         }
@@ -1229,7 +1245,6 @@ void key_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::T
     check_float_rows(grad_k, "grad_k", 4);
     check_float_rows(grad_v, "grad_v", 4);
     const int64_t B = k.size(0), H = k.size(1), n = k.size(2), d = k.size(3), dv = v.size(3);
-    TORCH_CHECK(d % kLanes == 0, "key_backward needs a head dim that is a multiple of ", kLanes);
     TORCH_CHECK(v.size(0) == B && v.size(1) == H && v.size(2) == n, "v must be (B, h, n, dv) like k");
     TORCH_CHECK(grad_k.sizes() == k.sizes() && grad_v.sizes() == v.sizes(), "grad_k, grad_v must be shaped like k, v");
     TORCH_CHECK(grad_state.is_contiguous() && grad_state.scalar_type() == torch::kFloat32 &&
@@ -1240,7 +1255,8 @@ void key_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::T
     check_blas_stride(v.stride(2), "v");
     check_blas_stride(grad_v.stride(2), "grad_v");
     const RopeTables rope = rope_tables(sin_lo, cos_lo, sin_hi, cos_hi, grid_width, 0, n, d);
-    const PreparedRope prepared(rope, n, d);
+    const bool vec = d % kLanes == 0;
+    const PreparedRope prepared(vec ? rope : RopeTables{}, n, d);
     const int64_t blocks = (n + kKeyBlockRows - 1) / kKeyBlockRows;
     const float* kp = k.data_ptr<float>();
     const float* vp = v.data_ptr<float>();
@@ -1249,15 +1265,22 @@ void key_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::T
     float* dkp = grad_k.data_ptr<float>();
     float* dvp = grad_v.data_ptr<float>();
     at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> rows_buf(kKeyBlockRows * 2 * d), grad_rot(kKeyBlockRows * 2 * d), feature_sum(2 * d);
+        std::vector<float> rows_buf(kKeyBlockRows * 2 * d), grad_rot(kKeyBlockRows * 2 * d), feature_sum(2 * d),
+            feature(2 * d), grad_phi(2 * d);
         for (int64_t task = begin; task < end; ++task) {
             const int64_t bh = task / blocks, block = task % blocks, b = bh / H, h = bh % H;
             const int64_t start = block * kKeyBlockRows, stop = std::min(n, start + kKeyBlockRows);
             const int64_t rows = stop - start;
             for (int64_t i = start; i < stop; ++i) {
-                const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
-                key_row_vec(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2), prepared.present ? &r : nullptr,
-                            d, feature_sum.data(), rows_buf.data() + (i - start) * 2 * d);
+                const float* k_row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
+                float* target = rows_buf.data() + (i - start) * 2 * d;
+                if (vec) {
+                    const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                    key_row_vec(k_row, prepared.present ? &r : nullptr, d, feature_sum.data(), target);
+                } else {  // the forward checked the RoPE pairs: key_row's answer is not needed here
+                    const RopeRows r = rope.present ? rope.rows(i) : RopeRows{};
+                    key_row(k_row, rope.present ? &r : nullptr, d, feature.data(), feature_sum.data(), target);
+                }
             }
             const float* ds = dsp + bh * 2 * d * dv;
             // dv rows (rows, dv) = F dS;  G (rows, 2d) = v dS^T
@@ -1267,11 +1290,17 @@ void key_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::T
             matmul_rows(false, true, rows, 2 * d, dv, vp + b * v.stride(0) + h * v.stride(1) + start * v.stride(2),
                         v.stride(2), ds, dv, 0.0f, grad_rot.data(), 2 * d);
             for (int64_t i = start; i < stop; ++i) {
-                const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
-                key_grad_row_vec(kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2),
-                                 prepared.present ? &r : nullptr, d, grad_rot.data() + (i - start) * 2 * d,
-                                 dmp + bh * 2 * d,
-                                 dkp + b * grad_k.stride(0) + h * grad_k.stride(1) + i * grad_k.stride(2));
+                const float* k_row = kp + b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
+                const float* rot_row = grad_rot.data() + (i - start) * 2 * d;
+                float* dk_row = dkp + b * grad_k.stride(0) + h * grad_k.stride(1) + i * grad_k.stride(2);
+                if (vec) {
+                    const RopeRows r = prepared.present ? prepared.rows(i) : RopeRows{};
+                    key_grad_row_vec(k_row, prepared.present ? &r : nullptr, d, rot_row, dmp + bh * 2 * d, dk_row);
+                } else {
+                    const RopeRows r = rope.present ? rope.rows(i) : RopeRows{};
+                    key_grad_row(k_row, rope.present ? &r : nullptr, d, rot_row, dmp + bh * 2 * d, grad_phi.data(),
+                                 dk_row);
+                }
             }
         }
     });
