@@ -35,7 +35,7 @@ def photo(tmp_path_factory):
     return astronaut(tmp_path_factory.mktemp('photo') / 'astronaut.png', 128)
 
 
-def run_demo(capsys, *args):
+def run_demo(demo, capsys, *args):
     """The demo's command line (its ``main``) in this process on one thread; what it printed.
 
     The process itself is not what these tests check (the refusals above run in-process
@@ -46,7 +46,7 @@ def run_demo(capsys, *args):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        load_tool('demo/image_demo.py').main(list(args))
+        demo.main(list(args))
     finally:
         torch.set_num_threads(threads)
     return capsys.readouterr().out
@@ -135,7 +135,7 @@ def test_side_by_side(demo):
 
 
 @pytest.mark.slow
-def test_classification_b0_with_checkpoint(photo, tmp_path, capsys):
+def test_classification_b0_with_checkpoint(demo, photo, tmp_path, capsys):
     # a checkpoint holding only the head that makes class 7 win, with its own class names in
     # meta.dataset_meta: refused as not fitting the model, run with --allow-partial (the rest keeps
     # its initialisation)
@@ -150,9 +150,9 @@ def test_classification_b0_with_checkpoint(photo, tmp_path, capsys):
                     state_dict={'head.fc.weight': torch.zeros(1000, 2048), 'head.fc.bias': bias}), ckpt)
     out = str(tmp_path / 'out')
     with pytest.raises(CheckpointMismatchError, match=r'missing in the checkpoint \(224\)'):
-        load_tool('demo/image_demo.py').main([photo, CLS_B0, '--weights', ckpt, '--out-dir', out, '--device', 'cpu'])
-    stdout = run_demo(capsys, photo, CLS_B0, '--weights', ckpt, '--allow-partial', '--out-dir', out, '--topk', '3',
-                      '--device', 'cpu')
+        demo.main([photo, CLS_B0, '--weights', ckpt, '--out-dir', out, '--device', 'cpu'])
+    stdout = run_demo(demo, capsys, photo, CLS_B0, '--weights', ckpt, '--allow-partial', '--out-dir', out,
+                      '--topk', '3', '--device', 'cpu')
     vis, pred = osp.join(out, 'vis', 'astronaut.png'), osp.join(out, 'preds', 'astronaut.json')
     assert written(stdout) == [vis, pred]
     assert read(vis).ndim == 3
@@ -166,11 +166,11 @@ def test_classification_b0_with_checkpoint(photo, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_detection_mask_rcnn_b2(photo, tmp_path, capsys):
+def test_detection_mask_rcnn_b2(demo, photo, tmp_path, capsys):
     # the real arch on a small test scale; the random model's scores are all below mmdet's
     # 0.05, so the threshold is lowered to have instances to draw
     out = str(tmp_path / 'out')
-    stdout = run_demo(capsys, photo, MASK_RCNN_B2, '--out-dir', out, '--score-thr', '0', '--device', 'cpu',
+    stdout = run_demo(demo, capsys, photo, MASK_RCNN_B2, '--out-dir', out, '--score-thr', '0', '--device', 'cpu',
                       '--cfg-options', 'test_dataloader.dataset.pipeline.1.scale=(256,160)',
                       'model.test_cfg.rcnn.score_thr=0.0', 'model.test_cfg.rcnn.max_per_img=5')
     vis, pred = osp.join(out, 'vis', 'astronaut.png'), osp.join(out, 'preds', 'astronaut.json')
@@ -186,9 +186,9 @@ def test_detection_mask_rcnn_b2(photo, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_segmentation_lightham_b1(photo, tmp_path, capsys):
+def test_segmentation_lightham_b1(demo, photo, tmp_path, capsys):
     out = str(tmp_path / 'out')
-    stdout = run_demo(capsys, photo, LIGHTHAM_B1, '--out-dir', out, '--device', 'cpu',
+    stdout = run_demo(demo, capsys, photo, LIGHTHAM_B1, '--out-dir', out, '--device', 'cpu',
                       '--cfg-options', 'test_dataloader.dataset.pipeline.1.scale=(128,128)')
     vis = osp.join(out, 'vis', 'astronaut.png')
     paths = written(stdout)
@@ -203,10 +203,10 @@ def test_segmentation_lightham_b1(photo, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_super_resolution_x2(tmp_path, capsys):
+def test_super_resolution_x2(demo, tmp_path, capsys):
     lr = astronaut(tmp_path / 'lr.png', 96)
     out = str(tmp_path / 'out')
-    stdout = run_demo(capsys, lr, SR_X2, '--out-dir', out, '--device', 'cpu')
+    stdout = run_demo(demo, capsys, lr, SR_X2, '--out-dir', out, '--device', 'cpu')
     sr_path, pair_path = osp.join(out, 'lr_x2.png'), osp.join(out, 'lr_x2_vs_bicubic.png')
     assert written(stdout) == [sr_path, pair_path]
     sr, pair = read(sr_path), read(pair_path)
