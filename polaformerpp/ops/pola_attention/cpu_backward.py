@@ -109,7 +109,7 @@ def pola_attention_cpu_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
     grad_q, grad_k, grad_v = grad_qkv if grad_qkv is not None else (q.new_empty(q.shape), k.new_empty(k.shape),
                                                                     v.new_empty(v.shape))
     if chunk_size is None and hasattr(kernels, 'query_backward'):
-        # both passes block-fused in the kernels (vector rows): nothing per chunk reaches memory
+        # both passes block-fused in the kernels (vector or scalar rows): nothing per chunk reaches memory
         rows = rope_rows(0, num_tokens)[:5]
         grad_state, mean_parts, temp_parts = kernels.query_backward(
             q, signed_temps, key_mean, state.contiguous(), *rows, float(eps), grad_out, out, grad_q)

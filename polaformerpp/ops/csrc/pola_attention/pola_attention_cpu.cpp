@@ -1133,7 +1133,7 @@ void readout(const torch::Tensor& q, const torch::Tensor& signed_temps, const to
 // (as in the chunked kernels).
 
 // The query pass: per block of kQueryBlockRows tokens of (b, h), F_s = R(phi_s) / den_s,
-// dS_s += F_s^T g_s, G_s = g_s S_s^T, then query_grad_row_vec per token (dq into grad_q).
+// dS_s += F_s^T g_s, G_s = g_s S_s^T, then query_grad_row(_vec) per token (dq into grad_q).
 // grad_out, out (B, h, n, dv); state (B, h, 2d, dv) contiguous. Returns the un-normalised
 // dS (B, h, 2d, dv) and the partial sums of dm (B, h, splits, 2d) and of d(signed temps)
 // (B, h, splits, 4, d).
@@ -1232,7 +1232,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> query_backward(
 }
 
 // The key pass: per block of kKeyBlockRows tokens of (b, h), F = R(phi_k),
-// dv = F dS (straight into grad_v's rows), G = v dS^T, then key_grad_row_vec per token
+// dv = F dS (straight into grad_v's rows), G = v dS^T, then key_grad_row(_vec) per token
 // (dk into grad_k). grad_state (B, h, 2d, dv) and grad_mean (B, h, 2d), contiguous, are
 // dS / n and dm / n.
 void key_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& grad_state,
