@@ -3,11 +3,13 @@
 The package is installed in editable mode in the environment, so neither the
 tests nor the tools they run need the repository on ``sys.path``.
 """
+import contextlib
 import os
 import os.path as osp
 import socket
 import subprocess
 import sys
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -83,6 +85,128 @@ def run_tool(args, cwd=None, env=None, timeout=1800):
         pytest.fail(f'{" ".join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}'
                     f'\n--- stderr ---\n{proc.stderr[-6000:]}')
     return proc
+
+
+class ToolRun(NamedTuple):
+    """What :func:`call_tool` returns: the tool's printed output and ``main``'s return value."""
+    stdout: str
+    stderr: str
+    result: Any
+
+
+def call_tool(args, env=None):
+    """Run ``python <args...>`` in this process: the tool's ``main(argv)``; fail with its output.
+
+    For the runs where the process itself is not what is tested (for exit codes,
+    signals and launchers use :func:`run_tool`): the same code from the parsed
+    arguments on, from the repo root, without a new interpreter importing torch
+    and the libraries again (about 4 s a run on a small CPU). ``args[0]`` is the
+    tool's path from the repo root. ``env`` is set for the run (its
+    ``OMP_NUM_THREADS`` sets the run's intra-op threads) and restored after it,
+    with everything else a run changes in the process (:func:`process_state_kept`).
+    """
+    import io
+
+    import torch
+
+    tool = load_tool(args[0])
+    env = dict(env or {})
+    out, err = io.StringIO(), io.StringIO()
+    with process_state_kept():
+        os.environ.update(env)
+        os.chdir(REPO_ROOT)
+        if 'OMP_NUM_THREADS' in env:
+            torch.set_num_threads(int(env['OMP_NUM_THREADS']))
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                result = tool.main(list(args[1:]))
+        except SystemExit as stop:
+            result = stop.code
+            if stop.code not in (None, 0):
+                pytest.fail(f'{" ".join(args)} exited {stop.code}\n--- stdout ---\n{out.getvalue()[-6000:]}'
+                            f'\n--- stderr ---\n{err.getvalue()[-6000:]}')
+        except BaseException:
+            sys.stdout.write(out.getvalue()[-6000:])
+            sys.stderr.write(err.getvalue()[-6000:])
+            raise
+    return ToolRun(out.getvalue(), err.getvalue(), result)
+
+
+@contextlib.contextmanager
+def process_state_kept():
+    """Run a block as a new process would, and put back on leaving what it changed.
+
+    Inside, mmengine's named instances (loggers, message hubs, visualizers,
+    default scopes) start empty: a Runner would otherwise get an earlier test's
+    visualizer of the same name and write to that test's folder. On leaving,
+    those made inside are closed and the earlier ones put back; the environment,
+    the working folder, the random generators, the deterministic and cuDNN
+    flags, the torch and OpenCV thread counts, the multiprocessing start method,
+    ``gc.freeze`` and the unsafe-loading switch are restored. mmengine names a
+    run's log folder and logger after the second it starts: a block entered in
+    the second the last one was entered waits for the next second.
+    """
+    import gc
+    import logging
+    import multiprocessing
+    import random
+    import time
+    import warnings
+
+    import cv2
+    import numpy as np
+    import torch
+    from mmengine.utils import ManagerMixin
+
+    from polaformerpp.utils import set_unsafe_loading
+
+    def managed_classes(cls=ManagerMixin):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from managed_classes(sub)
+
+    while int(time.time()) == _last_run_second[0]:
+        time.sleep(0.05)
+    _last_run_second[0] = int(time.time())
+    environ, cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
+    rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    cv2_threads, start_method = cv2.getNumThreads(), multiprocessing.get_start_method(allow_none=True)
+    instances = {cls: dict(cls._instance_dict) for cls in managed_classes()}
+    for cls in instances:
+        cls._instance_dict.clear()
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        for cls in managed_classes():
+            for instance in cls._instance_dict.values():
+                if isinstance(instance, logging.Logger):
+                    for handler in list(instance.handlers):
+                        handler.close()
+                        instance.removeHandler(handler)
+                elif hasattr(instance, 'close'):
+                    instance.close()
+            cls._instance_dict.clear()
+            cls._instance_dict.update(instances.get(cls, {}))
+        gc.unfreeze()
+        set_unsafe_loading(False)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = cudnn
+        torch.set_num_threads(threads)
+        cv2.setNumThreads(cv2_threads)
+        multiprocessing.set_start_method(start_method, force=True)
+
+
+#: the second (``int(time.time())``) the last :func:`process_state_kept` block was entered
+_last_run_second = [0]
 
 
 def free_port():

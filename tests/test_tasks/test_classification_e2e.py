@@ -8,7 +8,7 @@ import os.path as osp
 
 import pytest
 
-from conftest import free_port, run_tool
+from conftest import call_tool, free_port, run_tool
 
 DEMO_CONFIG = 'configs/classification/polapp-b0_1xb32-30e_demo-shapes.py'
 
@@ -37,10 +37,10 @@ def read_scalars(work_dir):
 def test_train_evaluate_and_resume(demo_in1k, tmp_path):
     work_dir = str(tmp_path / 'work')
     epochs = 8
-    run_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--cfg-options',
-              *data_options(demo_in1k), f'train_cfg.max_epochs={epochs}', 'train_cfg.val_interval=4',
-              f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs - 2}',
-              'default_hooks.checkpoint.interval=4', 'default_hooks.checkpoint.max_keep_ckpts=2'])
+    call_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--cfg-options',
+               *data_options(demo_in1k), f'train_cfg.max_epochs={epochs}', 'train_cfg.val_interval=4',
+               f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs - 2}',
+               'default_hooks.checkpoint.interval=4', 'default_hooks.checkpoint.max_keep_ckpts=2'])
     records = [r for r in read_scalars(work_dir) if 'loss' in r]
     first = sum(r['loss'] for r in records[:3]) / 3
     last = sum(r['loss'] for r in records[-3:]) / 3
@@ -50,8 +50,8 @@ def test_train_evaluate_and_resume(demo_in1k, tmp_path):
     ckpt = osp.join(work_dir, f'epoch_{epochs}.pth')
     assert osp.isfile(ckpt)
     metrics_file = str(tmp_path / 'metrics.json')
-    run_tool(['tools/test.py', DEMO_CONFIG, ckpt, '--work-dir', work_dir, '--out-json', metrics_file,
-              '--cfg-options', *data_options(demo_in1k)])
+    call_tool(['tools/test.py', DEMO_CONFIG, ckpt, '--work-dir', work_dir, '--out-json', metrics_file,
+               '--cfg-options', *data_options(demo_in1k)])
     with open(metrics_file) as f:
         top1 = json.load(f)['accuracy/top1']
     print(f'classification demo, {epochs} epochs: top-1 {top1:.1f}%')
@@ -59,10 +59,10 @@ def test_train_evaluate_and_resume(demo_in1k, tmp_path):
 
     # resume from the Runner's own checkpoint (message hub, optimizer, scheduler):
     # torch >= 2.6 loads weights_only by default, which the tools handle
-    proc = run_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--resume', ckpt,
-                     '--cfg-options', *data_options(demo_in1k), f'train_cfg.max_epochs={epochs + 1}',
-                     f'param_scheduler.1.end={epochs + 1}', 'train_cfg.val_interval=100',
-                     'default_hooks.checkpoint.interval=1'])
+    proc = call_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--resume', ckpt,
+                      '--cfg-options', *data_options(demo_in1k), f'train_cfg.max_epochs={epochs + 1}',
+                      f'param_scheduler.1.end={epochs + 1}', 'train_cfg.val_interval=100',
+                      'default_hooks.checkpoint.interval=1'])
     log = proc.stdout + proc.stderr
     assert f'resumed epoch: {epochs},' in log, log[-3000:]
     assert osp.isfile(osp.join(work_dir, f'epoch_{epochs + 1}.pth'))

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, free_port, run_tool
+from conftest import REPO_ROOT, call_tool, free_port, run_tool
 from detection_testing import (  # noqa: F401 (fixtures)
     CLASSES,
     CLS_DEMO_CONFIG,
@@ -39,7 +39,7 @@ def read_scalars(work_dir):
 
 
 def run(args, **kwargs):
-    """``run_tool`` with one OpenMP thread per process (see ``one_thread``)."""
+    """``run_tool`` with one OpenMP thread per process (see ``one_thread``): for the launchers."""
     env = dict(OMP_NUM_THREADS='1', **kwargs.pop('env', {}))
     return run_tool(args, env=env, **kwargs)
 
@@ -133,7 +133,7 @@ def check_train_and_test(tmp_path, config, work_dir, epochs, metrics, learned):
     ckpt = osp.join(work_dir, f'epoch_{epochs}.pth')
     assert osp.isfile(ckpt)
     out = str(tmp_path / 'metrics.json')
-    run(['tools/test.py', config, ckpt, '--work-dir', work_dir, '--out-json', out])
+    call_tool(['tools/test.py', config, ckpt, '--work-dir', work_dir, '--out-json', out])
     with open(out) as f:
         results = json.load(f)
     print(f'{osp.basename(config)}:', {key: results[key] for key in metrics if key in results})
@@ -157,7 +157,7 @@ train_dataloader = dict(num_workers=0, dataset=dict(data_root={demo_in1k!r}))
 train_cfg = dict(max_epochs=1)
 default_hooks = dict(checkpoint=dict(interval=1, save_best=None))
 """)
-    run(['tools/train.py', str(cls_config), '--work-dir', cls_dir, '--no-validate'])
+    call_tool(['tools/train.py', str(cls_config), '--work-dir', cls_dir, '--no-validate'])
     cls_ckpt = osp.join(cls_dir, 'epoch_1.pth')
     assert osp.isfile(cls_ckpt)
 
@@ -165,7 +165,7 @@ default_hooks = dict(checkpoint=dict(interval=1, save_best=None))
     config = write_tiny_config(tmp_path / 'mask_rcnn_tiny.py', MASK_RCNN_B2, demo_coco, epochs,
                                init_checkpoint=cls_ckpt)
     work_dir = str(tmp_path / 'work')
-    proc = run(['tools/train.py', config, '--work-dir', work_dir])
+    proc = call_tool(['tools/train.py', config, '--work-dir', work_dir])
     log = proc.stdout + proc.stderr
     assert f'load backbone. in model from: {cls_ckpt}' in log, log[-4000:]
     assert 'missing keys in source state_dict: norm0.weight' in log, log[-4000:]
@@ -180,7 +180,7 @@ def test_retinanet_train_and_evaluate(demo_coco, tmp_path):
     epochs = 8
     config = write_tiny_config(tmp_path / 'retinanet_tiny.py', RETINANET_B2, demo_coco, epochs)
     work_dir = str(tmp_path / 'work')
-    run(['tools/train.py', config, '--work-dir', work_dir])
+    call_tool(['tools/train.py', config, '--work-dir', work_dir])
     check_train_and_test(tmp_path, config, work_dir, epochs, ['coco/bbox_mAP', 'coco/bbox_mAP_50'],
                          learned=['coco/bbox_mAP_50'])
 
@@ -221,7 +221,7 @@ def test_broken_annotations_through_train_tool(demo_coco, tmp_path):
 
 @pytest.mark.slow
 def test_get_flops_of_detectors_at_1280x800():
-    proc = run(['tools/analysis_tools/get_flops.py', MASK_RCNN_B2])
+    proc = call_tool(['tools/analysis_tools/get_flops.py', MASK_RCNN_B2])
     assert 'Input shape: (3, 800, 1280)' in proc.stdout, proc.stdout
     flops = float(proc.stdout.split('Flops: ')[1].split('G')[0])
     assert 100 < flops < 1000, proc.stdout

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import load_tool, run_tool
+from conftest import call_tool, load_tool
 from generation_testing import DIGITS_CONFIG
 from polaformerpp.generation import ClassImageFolder
 
@@ -60,16 +60,16 @@ def test_digit_samples_follow_their_label(tmp_path):
     work_dir = tmp_path / 'work'
     roots = [f'{split}.dataset.data_root={digits}'
              for split in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
-    run_tool(['tools/train.py', DIGITS_CONFIG, '--work-dir', str(work_dir), '--cfg-options', *roots,
-              f'train_cfg.max_iters={TRAIN_ITERS}', f'train_cfg.val_begin={TRAIN_ITERS + 1}',
-              f'optim_wrapper.optimizer.lr={LR}', 'optim_wrapper.optimizer.fused=True',
-              'default_hooks.logger.interval=100',
-              f'default_hooks.checkpoint.interval={TRAIN_ITERS}'])
+    call_tool(['tools/train.py', DIGITS_CONFIG, '--work-dir', str(work_dir), '--cfg-options', *roots,
+               f'train_cfg.max_iters={TRAIN_ITERS}', f'train_cfg.val_begin={TRAIN_ITERS + 1}',
+               f'optim_wrapper.optimizer.lr={LR}', 'optim_wrapper.optimizer.fused=True',
+               'default_hooks.logger.interval=100',
+               f'default_hooks.checkpoint.interval={TRAIN_ITERS}'])
     ckpt = str(work_dir / f'iter_{TRAIN_ITERS}.pth')
 
     gap_json = tmp_path / 'gap.json'
-    proc = run_tool(['tools/analysis_tools/label_swap_gap.py', DIGITS_CONFIG, ckpt, '--data-root', digits,
-                     '--timesteps', '100', '300', '500', '700', '--num-images', '200', '--out-json', str(gap_json)])
+    proc = call_tool(['tools/analysis_tools/label_swap_gap.py', DIGITS_CONFIG, ckpt, '--data-root', digits,
+                      '--timesteps', '100', '300', '500', '700', '--num-images', '200', '--out-json', str(gap_json)])
     print(proc.stdout)
     rows = {row['timestep']: row for row in json.loads(gap_json.read_text())['rows']}
     # the right label denoises held-out digits clearly better than a wrong one where the noisy
@@ -78,9 +78,9 @@ def test_digit_samples_follow_their_label(tmp_path):
 
     out_dir = tmp_path / 'samples'
     num = 10 * SAMPLES_PER_CLASS
-    run_tool(['tools/generation/sample.py', DIGITS_CONFIG, ckpt, '--out-dir', str(out_dir),
-              '--labels', *map(str, range(10)), '--num-samples', str(num), '--cfg-scale', str(CFG_SCALE),
-              '--steps', '25', '--sampler', 'ddim', '--seed', '0', '--batch-size', '50'])
+    call_tool(['tools/generation/sample.py', DIGITS_CONFIG, ckpt, '--out-dir', str(out_dir),
+               '--labels', *map(str, range(10)), '--num-samples', str(num), '--cfg-scale', str(CFG_SCALE),
+               '--steps', '25', '--sampler', 'ddim', '--seed', '0', '--batch-size', '50'])
     samples = np.load(out_dir / f'samples_{num}x{IMAGE_SIZE}x{IMAGE_SIZE}x3.npz')
     requested = samples['arr_1']
     gray = samples['arr_0'].astype(np.float32).mean(-1).round().astype(np.uint8)

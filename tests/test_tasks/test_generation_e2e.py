@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import free_port, load_tool, run_tool
+from conftest import call_tool, free_port, load_tool, run_tool
 from generation_testing import PIXEL_CONFIG, make_shapes32, read_npz_like_adm
 from polaformerpp.generation import ClassImageFolder, sample_generators
 
@@ -35,12 +35,12 @@ def test_pixel_dit_end_to_end(shapes32, tmp_path):
     iters = 100
     data = [f'{split}.dataset.data_root={shapes32}'
             for split in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
-    run_tool(['tools/train.py', PIXEL_CONFIG, '--work-dir', work_dir, '--cfg-options', *data,
-              *TINY_OPTIONS, 'train_dataloader.batch_size=16', f'train_cfg.max_iters={iters}',
-              f'train_cfg.val_interval={iters}', 'val_dataloader.batch_size=16',
-              'optim_wrapper.optimizer.lr=2e-3', 'param_scheduler.0.end=10',
-              'model.sample_cfg.num_steps=5', 'custom_hooks.0.momentum=0.1',
-              'default_hooks.logger.interval=5', f'default_hooks.checkpoint.interval={iters}'])
+    call_tool(['tools/train.py', PIXEL_CONFIG, '--work-dir', work_dir, '--cfg-options', *data,
+               *TINY_OPTIONS, 'train_dataloader.batch_size=16', f'train_cfg.max_iters={iters}',
+               f'train_cfg.val_interval={iters}', 'val_dataloader.batch_size=16',
+               'optim_wrapper.optimizer.lr=2e-3', 'param_scheduler.0.end=10',
+               'model.sample_cfg.num_steps=5', 'custom_hooks.0.momentum=0.1',
+               'default_hooks.logger.interval=5', f'default_hooks.checkpoint.interval={iters}'])
     records = _scalars(work_dir)
     losses = [r['loss_mse'] for r in records if 'loss_mse' in r]
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
@@ -52,7 +52,7 @@ def test_pixel_dit_end_to_end(shapes32, tmp_path):
     common = ['--labels', '0', '1', '2', '3', '--num-samples', '8', '--steps', '5', '--sampler', 'ddim',
               '--seed', '3', '--batch-size', '3', '--cfg-options', *TINY_OPTIONS]
     single, dist = tmp_path / 'single', tmp_path / 'dist'
-    run_tool(['tools/generation/sample.py', PIXEL_CONFIG, ckpt, '--out-dir', str(single), *common])
+    call_tool(['tools/generation/sample.py', PIXEL_CONFIG, ckpt, '--out-dir', str(single), *common])
     run_tool(['-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(free_port()),
               'tools/generation/sample.py', PIXEL_CONFIG, ckpt, '--out-dir', str(dist),
               '--launcher', 'pytorch', *common], env=dict(OMP_NUM_THREADS='1'))
@@ -78,8 +78,8 @@ def test_pixel_dit_end_to_end(shapes32, tmp_path):
     val = ClassImageFolder(shapes32, 'val', 'meta/val.txt', image_size=32, test_mode=True)
     np.savez(real, arr_0=np.stack([val[i]['inputs'].permute(1, 2, 0).numpy() for i in range(len(val))]))
     out_json = tmp_path / 'fid.json'
-    run_tool(['tools/generation/fid.py', str(single / 'samples_8x32x32x3.npz'), str(real),
-              '--extractor', 'random-conv', '--out-json', str(out_json)])
+    call_tool(['tools/generation/fid.py', str(single / 'samples_8x32x32x3.npz'), str(real),
+               '--extractor', 'random-conv', '--out-json', str(out_json)])
     result = json.loads(out_json.read_text())
     assert np.isfinite(result['FID']) and result['FID'] > 0 and np.isfinite(result['IS'])
 

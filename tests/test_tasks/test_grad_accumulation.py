@@ -7,7 +7,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from conftest import REPO_ROOT, load_tool, run_tool
+from conftest import REPO_ROOT, call_tool, load_tool, run_tool
 from polaformerpp.engine import accumulated, apply_accumulation
 from recipe_testing import lr_at
 from test_classification_e2e import read_scalars
@@ -91,8 +91,8 @@ def test_accumulated_run_equals_the_large_batch_run(demo_in1k, tmp_path):
     runs = {}
     for name, batch, extra in (('large', 8, []), ('accumulated', 4, ['--accumulate', '2'])):
         work_dir = str(tmp_path / name)
-        run_tool(['tools/train.py', str(config), '--work-dir', work_dir, '--auto-scale-lr', *extra,
-                  '--cfg-options', *options, f'train_dataloader.batch_size={batch}'])
+        call_tool(['tools/train.py', str(config), '--work-dir', work_dir, '--auto-scale-lr', *extra,
+                   '--cfg-options', *options, f'train_dataloader.batch_size={batch}'])
         runs[name] = final_weights(work_dir)
         lrs = [r['lr'] for r in read_scalars(work_dir) if 'lr' in r]
         assert lrs and lrs == pytest.approx([1e-3] * len(lrs)), (name, lrs)  # 8 images per step: no rescaling

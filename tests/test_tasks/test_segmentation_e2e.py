@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO_ROOT, free_port, load_tool, run_tool
+from conftest import REPO_ROOT, call_tool, free_port, load_tool, run_tool
 from segmentation_testing import (
     DEMO_CLASSES,
     DEMO_CONFIG,
@@ -66,11 +66,11 @@ def demo_ade_e2e(tmp_path_factory):
 def test_lightham_trains_and_evaluates_through_the_tools(demo_ade_e2e, tmp_path):
     work_dir = str(tmp_path / 'work')
     iters = 200  # 2 seeds: loss ratio <= 0.19, mIoU >= 65 (TTA >= 71) against the 0.5 and 38.5 asked
-    run_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--cfg-options',
-              *_data_options(demo_ade_e2e), *TINY_OPTIONS, f'train_cfg.max_iters={iters}',
-              f'train_cfg.val_interval={iters}', f'param_scheduler.1.end={iters}',
-              f'default_hooks.checkpoint.interval={iters}', 'train_dataloader.num_workers=1',
-              'val_dataloader.num_workers=0'], env=ONE_THREAD)
+    call_tool(['tools/train.py', DEMO_CONFIG, '--work-dir', work_dir, '--cfg-options',
+               *_data_options(demo_ade_e2e), *TINY_OPTIONS, f'train_cfg.max_iters={iters}',
+               f'train_cfg.val_interval={iters}', f'param_scheduler.1.end={iters}',
+               f'default_hooks.checkpoint.interval={iters}', 'train_dataloader.num_workers=1',
+               'val_dataloader.num_workers=0'], env=ONE_THREAD)
     records = [r for r in _read_scalars(work_dir) if 'loss' in r]
     first = sum(r['loss'] for r in records[:3]) / 3
     last = sum(r['loss'] for r in records[-3:]) / 3
@@ -84,8 +84,8 @@ def test_lightham_trains_and_evaluates_through_the_tools(demo_ade_e2e, tmp_path)
     metrics = {}
     for tta in (False, True):
         out = str(tmp_path / f'metrics_tta{int(tta)}.json')
-        run_tool(['tools/test.py', DEMO_CONFIG, ckpt, '--out-json', out, *(['--tta'] if tta else []),
-                  *common], env=ONE_THREAD)
+        call_tool(['tools/test.py', DEMO_CONFIG, ckpt, '--out-json', out, *(['--tta'] if tta else []),
+                   *common], env=ONE_THREAD)
         with open(out) as f:
             metrics[tta] = json.load(f)
     miou, miou_tta = float(metrics[False]['mIoU']), float(metrics[True]['mIoU'])

@@ -6,7 +6,7 @@ import os.path as osp
 import numpy as np
 import pytest
 
-from conftest import run_tool
+from conftest import call_tool
 from polaformerpp.restoration import imresize, psnr
 from polaformerpp.restoration.transforms import read_rgb
 from sr_testing import (
@@ -91,13 +91,13 @@ def test_e2e_x2_train_test_beats_bicubic(tmp_path):
     work_dir = str(tmp_path / 'work')
     # one thread: small ops do not gain from two, and a busy machine makes them much slower
     env = dict(OMP_NUM_THREADS='1')
-    run_tool(['tools/train.py', str(cfg_path), '--work-dir', work_dir], env=env)
+    call_tool(['tools/train.py', str(cfg_path), '--work-dir', work_dir], env=env)
     ckpt = osp.join(work_dir, f'iter_{iters}.pth')
     assert osp.isfile(ckpt)
 
     save_dir, metrics_file = str(tmp_path / 'sr_png'), str(tmp_path / 'metrics.json')
-    run_tool(['tools/test.py', str(cfg_path), ckpt, '--work-dir', work_dir, '--out-json',
-              metrics_file, '--cfg-options', f'default_hooks.save_sr.save_dir={save_dir}'], env=env)
+    call_tool(['tools/test.py', str(cfg_path), ckpt, '--work-dir', work_dir, '--out-json',
+               metrics_file, '--cfg-options', f'default_hooks.save_sr.save_dir={save_dir}'], env=env)
     with open(metrics_file) as f:
         metrics = json.load(f)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import REPO_ROOT, run_tool
+from conftest import REPO_ROOT, call_tool
 from polaformerpp.analysis import load_model
 from polaformerpp.utils import CheckpointMismatchError, compare_state_dict, load_model_weights
 
@@ -129,8 +129,8 @@ def test_load_from_fine_tuning_logs_a_summary(checkpoints, demo_in1k, tmp_path):
     options += ['train_dataloader.dataset.pipeline.1.scale=32', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=10',
                 f"load_from={checkpoints['keys']}", 'train_dataloader.batch_size=40',
                 'train_dataloader.dataset.indices=40']
-    proc = run_tool(['tools/train.py', checkpoints['config'], '--work-dir', str(tmp_path / 'ft'),
-                     '--cfg-options', *options], env=dict(OMP_NUM_THREADS='1'))
+    proc = call_tool(['tools/train.py', checkpoints['config'], '--work-dir', str(tmp_path / 'ft'),
+                      '--cfg-options', *options], env=dict(OMP_NUM_THREADS='1'))
     log = proc.stdout + proc.stderr
     total = len(load_model(checkpoints['config']).state_dict())
     assert (f"loaded {total - 2}/{total} tensors from {checkpoints['keys']}; missing: head.fc.weight, "

@@ -14,7 +14,7 @@ import pytest
 from mmengine.config import Config, DictAction
 from mmengine.registry import VISUALIZERS, DefaultScope
 
-from conftest import REPO_ROOT, load_tool, run_tool
+from conftest import REPO_ROOT, call_tool, load_tool
 from polaformerpp.utils.runtime import add_tensorboard_backend
 
 DEMO_CONFIG = 'configs/classification/polapp-b0_1xb32-30e_demo-shapes.py'
@@ -119,8 +119,8 @@ def test_demo_run_writes_tensorboard_events(demo_in1k, tmp_path):
                 'model.backbone.arch.depths=[1,1,1,1]', 'model.backbone.arch.num_heads=[1,2,2,4]',
                 'model.backbone.arch.cls_proj_channels=64', 'model.head.in_channels=64',
                 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1', 'default_hooks.logger.interval=1']
-    run_tool(['tools/train.py', DEMO_CONFIG, '--tensorboard', '--work-dir', work_dir, '--cfg-options', *options],
-             env=dict(OMP_NUM_THREADS='1'))
+    call_tool(['tools/train.py', DEMO_CONFIG, '--tensorboard', '--work-dir', work_dir, '--cfg-options', *options],
+              env=dict(OMP_NUM_THREADS='1'))
     events = glob.glob(osp.join(work_dir, '*', 'vis_data', 'events.out.tfevents.*'))
     assert len(events) == 1, glob.glob(osp.join(work_dir, '**'), recursive=True)
     # the local backend is kept beside it
