@@ -35,11 +35,14 @@ IMAGES = (2, 3, 64, 64)
 
 @pytest.fixture(autouse=True)
 def one_thread_fresh_compiler():
-    """One intra-op thread (tiny models on a shared CPU) and no compiled code left from other tests."""
+    """One intra-op thread (tiny models on a shared CPU), inductor's C++ builds one at a time in
+    this process (a pool of compile processes would only compete with the other test workers),
+    and no compiled code left from other tests."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch._dynamo.reset()
-    yield
+    with torch._inductor.config.patch(compile_threads=1):
+        yield
     torch._dynamo.reset()
     torch.set_num_threads(threads)
 
