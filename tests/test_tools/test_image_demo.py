@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, load_tool
+from conftest import REPO_ROOT, call_tool, load_tool
 
 CLS_B0 = 'configs/classification/polapp-b0_8xb256_in1k.py'
 MASK_RCNN_B2 = 'configs/detection/mask-rcnn_polapp-b2_fpn_8xb2-amp-1x_coco.py'
@@ -35,21 +35,13 @@ def photo(tmp_path_factory):
     return astronaut(tmp_path_factory.mktemp('photo') / 'astronaut.png', 128)
 
 
-def run_demo(demo, capsys, *args):
+def run_demo(*args):
     """The demo's command line (its ``main``) in this process on one thread; what it printed.
 
     The process itself is not what these tests check (the refusals above run in-process
     too): starting one would add its imports, several seconds, to each.
     """
-    import torch
-    capsys.readouterr()  # only what this run prints
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        demo.main(list(args))
-    finally:
-        torch.set_num_threads(threads)
-    return capsys.readouterr().out
+    return call_tool(['demo/image_demo.py', *args], env=dict(OMP_NUM_THREADS='1')).stdout
 
 
 def read(path):
@@ -135,7 +127,7 @@ def test_side_by_side(demo):
 
 
 @pytest.mark.slow
-def test_classification_b0_with_checkpoint(demo, photo, tmp_path, capsys):
+def test_classification_b0_with_checkpoint(demo, photo, tmp_path):
     # a checkpoint holding only the head that makes class 7 win, with its own class names in
     # meta.dataset_meta: refused as not fitting the model, run with --allow-partial (the rest keeps
     # its initialisation)
@@ -151,7 +143,7 @@ def test_classification_b0_with_checkpoint(demo, photo, tmp_path, capsys):
     out = str(tmp_path / 'out')
     with pytest.raises(CheckpointMismatchError, match=r'missing in the checkpoint \(224\)'):
         demo.main([photo, CLS_B0, '--weights', ckpt, '--out-dir', out, '--device', 'cpu'])
-    stdout = run_demo(demo, capsys, photo, CLS_B0, '--weights', ckpt, '--allow-partial', '--out-dir', out,
+    stdout = run_demo(photo, CLS_B0, '--weights', ckpt, '--allow-partial', '--out-dir', out,
                       '--topk', '3', '--device', 'cpu')
     vis, pred = osp.join(out, 'vis', 'astronaut.png'), osp.join(out, 'preds', 'astronaut.json')
     assert written(stdout) == [vis, pred]
@@ -166,11 +158,11 @@ def test_classification_b0_with_checkpoint(demo, photo, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_detection_mask_rcnn_b2(demo, photo, tmp_path, capsys):
+def test_detection_mask_rcnn_b2(photo, tmp_path):
     # the real arch on a small test scale; the random model's scores are all below mmdet's
     # 0.05, so the threshold is lowered to have instances to draw
     out = str(tmp_path / 'out')
-    stdout = run_demo(demo, capsys, photo, MASK_RCNN_B2, '--out-dir', out, '--score-thr', '0', '--device', 'cpu',
+    stdout = run_demo(photo, MASK_RCNN_B2, '--out-dir', out, '--score-thr', '0', '--device', 'cpu',
                       '--cfg-options', 'test_dataloader.dataset.pipeline.1.scale=(256,160)',
                       'model.test_cfg.rcnn.score_thr=0.0', 'model.test_cfg.rcnn.max_per_img=5')
     vis, pred = osp.join(out, 'vis', 'astronaut.png'), osp.join(out, 'preds', 'astronaut.json')
@@ -186,9 +178,9 @@ def test_detection_mask_rcnn_b2(demo, photo, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_segmentation_lightham_b1(demo, photo, tmp_path, capsys):
+def test_segmentation_lightham_b1(photo, tmp_path):
     out = str(tmp_path / 'out')
-    stdout = run_demo(demo, capsys, photo, LIGHTHAM_B1, '--out-dir', out, '--device', 'cpu',
+    stdout = run_demo(photo, LIGHTHAM_B1, '--out-dir', out, '--device', 'cpu',
                       '--cfg-options', 'test_dataloader.dataset.pipeline.1.scale=(128,128)')
     vis = osp.join(out, 'vis', 'astronaut.png')
     paths = written(stdout)
@@ -203,10 +195,10 @@ def test_segmentation_lightham_b1(demo, photo, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_super_resolution_x2(demo, tmp_path, capsys):
+def test_super_resolution_x2(tmp_path):
     lr = astronaut(tmp_path / 'lr.png', 96)
     out = str(tmp_path / 'out')
-    stdout = run_demo(demo, capsys, lr, SR_X2, '--out-dir', out, '--device', 'cpu')
+    stdout = run_demo(lr, SR_X2, '--out-dir', out, '--device', 'cpu')
     sr_path, pair_path = osp.join(out, 'lr_x2.png'), osp.join(out, 'lr_x2_vs_bicubic.png')
     assert written(stdout) == [sr_path, pair_path]
     sr, pair = read(sr_path), read(pair_path)
