@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from conftest import load_tool
-from detection_testing import MASK_RCNN_B2, RETINANET_B2, TINY, build_detector, demo_batch, load_cfg
+from detection_testing import MASK_RCNN_B2, RETINANET_B2, build_detector, demo_batch, load_cfg
 from segmentation_testing import build_segmentor, seg_batch
 
 CLASSIFIER = 'configs/classification/polapp-b0_8xb256_in1k.py'
@@ -31,6 +31,12 @@ DIT = 'configs/generation/dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py'
 TOLERANCE = 1e-4
 #: one input size for the backbone tests: their kernels are then compiled once and shared
 IMAGES = (2, 3, 64, 64)
+#: the smallest backbone with every kind of layer: stem, a linear-attention block (stage 1), the
+#: three downsamplings, a softmax block (stage 4), each attention with more than one head. Stages 2
+#: and 3 have no blocks: compiling costs per distinct kernel (inductor builds one C++ library for
+#: each), and two more blocks of the same kinds would add a third of the kernels and exercise no
+#: other code.
+COMPILE_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 0, 0, 1], num_heads=[2, 2, 2, 4])
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +133,7 @@ def test_classifier_compiles_for_training_and_evaluation(backend):
     from mmengine.config import Config
     from mmpretrain.structures import DataSample
     cfg = Config.fromfile(CLASSIFIER)
-    cfg.model.backbone.arch = dict(TINY, cls_proj_channels=64)
+    cfg.model.backbone.arch = dict(COMPILE_ARCH, cls_proj_channels=64)
     cfg.model.backbone.drop_path_rate = 0.0
     cfg.model.head.in_channels = 64
     cfg.model.head.num_classes = 5
@@ -153,11 +159,11 @@ class BackboneNeck(nn.Module):
 
 
 def tiny_detector_cfg(config, **extra):
-    """The detector of ``config`` on the tiny arch (the FPN reads the backbone's ``out_indices``)."""
+    """The detector of ``config`` on :data:`COMPILE_ARCH` (the FPN reads the backbone's ``out_indices``)."""
     cfg = load_cfg(config)
-    dims = [TINY['embed_dims'][i] for i in cfg.model.backbone.out_indices]
-    options = {'model.backbone.arch': TINY, 'model.backbone.drop_path_rate': 0.0, 'model.backbone.init_cfg': None,
-               'model.neck.in_channels': dims, 'model.neck.out_channels': 32}
+    dims = [COMPILE_ARCH['embed_dims'][i] for i in cfg.model.backbone.out_indices]
+    options = {'model.backbone.arch': COMPILE_ARCH, 'model.backbone.drop_path_rate': 0.0,
+               'model.backbone.init_cfg': None, 'model.neck.in_channels': dims, 'model.neck.out_channels': 32}
     options.update(extra)
     return load_cfg(config, **options)
 
@@ -198,7 +204,7 @@ def test_lightham_segmentor_compiles_for_training_and_evaluation():
     from mmengine.config import Config
     cfg = Config.fromfile(LIGHTHAM)
     torch.manual_seed(0)
-    segmentor = build_segmentor(cfg.model, crop=(64, 64), tiny=True)
+    segmentor = build_segmentor(cfg.model, crop=(64, 64), tiny=True, arch=COMPILE_ARCH)
     data = segmentor.data_preprocessor(seg_batch([(64, 64), (64, 64)], 150), True)
     # In float64 (default dtype too: the decomposition draws its bases in it). The Hamburger's
     # multiplicative updates and BatchNorm over two images amplify fp32 rounding differences between
