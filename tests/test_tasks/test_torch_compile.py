@@ -9,8 +9,8 @@ joint forward/backward graph, run by eager kernels: what breaks when model
 code cannot be traced) for every task; ``inductor`` (the default, what
 ``torch.compile(model)`` gives: generated C++ kernels) for the classifier,
 i.e. the backbone with both attention types. Compiling is slow on a small
-CPU (about 20-60 s per aot_eager test, several minutes for inductor even on
-this tiny network, on two shared cores), so only the classifier, the SR
+CPU (4-20 s per aot_eager test, a minute or more for inductor even on the
+two-block network of :data:`COMPILE_ARCH`), so only the classifier, the SR
 network, the Mask R-CNN backbone + neck and DiT run by default; the rest
 are ``slow``.
 """
