@@ -83,7 +83,7 @@ def test_tiny_classifier_static_export_runs_in_onnxruntime(tool, tiny_config, tm
     assert 'verified: max relative error' in printed and 'logits' in printed
 
 
-@pytest.mark.slow  # about 20 s on a small CPU: past the default set's budget
+@pytest.mark.slow  # 10-12 s on a small CPU: past the default set's budget
 def test_tiny_classifier_dynamic_export_runs_at_two_sizes(tool, tiny_config, tmp_path):
     out = str(tmp_path / 'tiny_dynamic.onnx')
     result = tool.main([tiny_config, '--out', out, '--shape', '64', '--dynamic', '--verify'])
