@@ -31,6 +31,12 @@ if os.environ.get('PYTEST_XDIST_WORKER'):
 
 #: the repository root (configs and tools are addressed relative to it)
 REPO_ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
+#: one block of each attention type: linear attention in stage 2, softmax in stage 3; stages 1 and
+#: 4 keep their downsampling and norms. The smallest layout that builds every kind of layer, for
+#: tests whose cost grows with the graph (compiling, exporting)
+ONE_BLOCK_PER_ATTENTION_TYPE = [0, 1, 1, 0]
+#: the tiny widths and heads on that layout: two heads in each block
+TWO_BLOCK_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=ONE_BLOCK_PER_ATTENTION_TYPE, num_heads=[1, 2, 2, 4])
 
 
 def linear_backbones(*backends, seed=0):

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import load_tool
+from conftest import TWO_BLOCK_ARCH, load_tool
 from detection_testing import MASK_RCNN_B2, RETINANET_B2, build_detector, demo_batch, load_cfg
 from segmentation_testing import build_segmentor, seg_batch
 
@@ -34,9 +34,9 @@ IMAGES = (2, 3, 64, 64)
 #: the smallest backbone with every kind of layer: stem, a linear-attention block (stage 2), a
 #: softmax block (stage 3), two heads each, the three downsamplings and the output norms. Stages 1
 #: and 4 have no blocks: compiling costs per distinct kernel (inductor builds one C++ library for
-#: each), and two more blocks of the same kinds would add a third of the kernels and exercise no
-#: other code.
-COMPILE_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[0, 1, 1, 0], num_heads=[1, 2, 2, 4])
+#: each), and a block in each of them too would take the classifier's builds from 64 to 99 and
+#: exercise no other code.
+COMPILE_ARCH = TWO_BLOCK_ARCH
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ import onnx
 import pytest
 import torch
 
-from conftest import REPO_ROOT, load_tool
+from conftest import ONE_BLOCK_PER_ATTENTION_TYPE, REPO_ROOT, TWO_BLOCK_ARCH, load_tool
 from polaformerpp.utils.checkpoint import exit_on_checkpoint_error
 from polaformerpp.utils.cli import run_cli
 
@@ -27,7 +27,7 @@ MASK_RCNN_B2 = osp.join(REPO_ROOT, 'configs', 'detection', 'mask-rcnn_polapp-b2_
 SR_X2 = osp.join(REPO_ROOT, 'configs', 'super_resolution', 'polapp-srlight_x2_8xb16-500k_div2k-192.py')
 DIT = osp.join(REPO_ROOT, 'configs', 'generation', 'dit-tiny-4_polapp_1xb32-2k_demo-shapes-32.py')
 #: a linear-attention block (stage 2) and a softmax block (stage 3), two heads each
-TINY_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[0, 1, 1, 0], num_heads=[1, 2, 2, 4], cls_proj_channels=64)
+TINY_ARCH = dict(TWO_BLOCK_ARCH, cls_proj_channels=64)
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +57,7 @@ def one_block_per_attention_type(config: str, arch: str, folder) -> str:
     """``config`` with its backbone on ``arch``'s widths, heads and projection, one block in stage 2
     (linear attention) and one in stage 3 (softmax attention)."""
     from polaformerpp.models.backbones import PolaFormerPP
-    one_block = dict(PolaFormerPP.arch_zoo[arch], depths=[0, 1, 1, 0])
+    one_block = dict(PolaFormerPP.arch_zoo[arch], depths=ONE_BLOCK_PER_ATTENTION_TYPE)
     path = folder / f'{arch}_one_block_per_attention_type.py'
     path.write_text(f"_base_ = [{config!r}]\n"
                     f"model = dict(backbone=dict(arch=dict(_delete_=True, **{one_block!r})))\n")
