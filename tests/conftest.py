@@ -259,6 +259,88 @@ def demo_in1k(tmp_path_factory):
     return root
 
 
+def in_new_interpreter(fn, *args, timeout=900):
+    """``fn(*args)`` run in a new Python interpreter (multiprocessing's spawn); its return value.
+
+    For a check that loads native code of its own making into the process (inductor's generated
+    C++ libraries): the test worker that runs hundreds of other tests never loads it, and a crash
+    there fails this one test with its cause instead of taking the worker down. ``fn`` must be a
+    module-level function (the child imports its module). An exception in the child is raised
+    here with the child's traceback; a child that dies (a signal, ``os._exit``) or outlives
+    ``timeout`` seconds fails the test with its exit status and what it wrote to stderr, where
+    ``faulthandler`` prints every thread's Python stack on a fatal signal.
+    """
+    import multiprocessing
+    import tempfile
+
+    context = multiprocessing.get_context('spawn')
+    receive, send = context.Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile('w+', prefix='child_stderr_', suffix='.txt') as stderr:
+        child = context.Process(target=_child_main, args=(send, stderr.name, fn, args), daemon=True)
+        child.start()
+        send.close()
+        outcome = None
+        if receive.poll(timeout):
+            try:
+                outcome = receive.recv()
+            except EOFError:  # the child died before sending anything
+                pass
+        child.join(10 if outcome is not None else 1)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        if outcome is None:
+            code = child.exitcode
+            how = (f'killed by {_signal_name(-code)}' if code is not None and code < 0
+                   else f'exit status {code}' if code is not None else f'still running after {timeout} s')
+            stderr.seek(0)
+            pytest.fail(f'{fn.__module__}.{fn.__qualname__} ran in a new interpreter that ended without a '
+                        f'result ({how}); its stderr:\n{stderr.read()[-8000:]}')
+    ok, value = outcome
+    if ok:
+        return value
+    error, child_traceback = value
+    raise error from _ChildTraceback(child_traceback)
+
+
+class _ChildTraceback(Exception):
+    """The traceback of an exception raised in :func:`in_new_interpreter`'s child, as text."""
+
+    def __str__(self):
+        return '\n' + self.args[0]
+
+
+def _signal_name(number):
+    import signal
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f'signal {number}'
+
+
+def _child_main(send, stderr_path, fn, args):
+    """The child of :func:`in_new_interpreter`: stderr to a file, fatal-signal stacks on, one result sent."""
+    import faulthandler
+    import traceback
+
+    stderr = open(stderr_path, 'w', buffering=1)
+    os.dup2(stderr.fileno(), 2)
+    sys.stderr = stderr
+    faulthandler.enable(file=stderr, all_threads=True)
+    try:
+        outcome = (True, fn(*args))
+    except BaseException as error:  # noqa: B902 (everything goes back to the test)
+        details = ''.join(traceback.format_exception(error))
+        try:
+            import pickle
+            pickle.dumps(error)
+        except Exception:
+            error = AssertionError(f'{type(error).__name__}: {error}')
+        outcome = (False, (error, details))
+    send.send(outcome)
+    send.close()
+
+
 # ----------------------------------------------------------------------------- schedule and budget
 #: Seconds a test may take on the reference machine (2 cores, AVX2, float32 sgemm ~130 GFLOP/s,
 #: one pytest-xdist worker per core): README, "Tests". The run lists the tests past them.
