@@ -148,7 +148,8 @@ def process_state_kept():
     those made inside are closed and the earlier ones put back; the environment,
     the working folder, the random generators, the deterministic and cuDNN
     flags, the torch and OpenCV thread counts, the multiprocessing start method,
-    ``gc.freeze`` and the unsafe-loading switch are restored. mmengine names a
+    what ``gc.freeze`` holds (the run's own objects are collected, the earlier
+    ones frozen again) and the unsafe-loading switch are restored. mmengine names a
     run's log folder and logger after the second it starts: a block entered in
     the second the last one was entered waits for the next second.
     """
@@ -179,6 +180,7 @@ def process_state_kept():
     deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     cudnn = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
     cv2_threads, start_method = cv2.getNumThreads(), multiprocessing.get_start_method(allow_none=True)
+    frozen_before = gc.get_freeze_count() > 0
     instances = {cls: dict(cls._instance_dict) for cls in managed_classes()}
     for cls in instances:
         cls._instance_dict.clear()
@@ -196,7 +198,12 @@ def process_state_kept():
                     instance.close()
             cls._instance_dict.clear()
             cls._instance_dict.update(instances.get(cls, {}))
+        # the tools freeze what they hold (freeze_long_lived_objects): free the run's garbage, then
+        # freeze again what this process held before it, as the session did after collecting
         gc.unfreeze()
+        gc.collect()
+        if frozen_before:
+            gc.freeze()
         set_unsafe_loading(False)
         os.environ.clear()
         os.environ.update(environ)
@@ -347,6 +354,18 @@ def _child_main(send, stderr_path, fn, args):
 TEST_BUDGET_S = {'fast': 5.0, 'slow': 90.0}
 _over_budget = []
 _setup_seconds = {}
+
+
+def pytest_collection_finish(session):
+    """Freeze what collecting imported (torch and the OpenMMLab libraries, some 300,000 objects).
+
+    mmengine's datasets run a full garbage collection each time one is built; it then walks only
+    what the test made, not every object of the libraries. :func:`process_state_kept` freezes it
+    again after an in-process tool run.
+    """
+    import gc
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
