@@ -17,6 +17,7 @@ are ``slow``. The inductor check runs in a new interpreter of its own
 the test worker, and a crash in them fails that test with its signal and
 stack rather than ending the worker.
 """
+import contextlib
 import copy
 
 import pytest
@@ -42,7 +43,7 @@ IMAGES = (2, 3, 64, 64)
 COMPILE_ARCH = TWO_BLOCK_ARCH
 
 
-@pytest.fixture(autouse=True)
+@contextlib.contextmanager
 def one_thread_fresh_compiler():
     """One intra-op thread (tiny models on a shared CPU), inductor's C++ builds one at a time in
     this process (a pool of compile processes would only compete with the other test workers),
@@ -54,6 +55,13 @@ def one_thread_fresh_compiler():
         yield
     torch._dynamo.reset()
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def compiler_settings():
+    """Every test here runs under :func:`one_thread_fresh_compiler`."""
+    with one_thread_fresh_compiler():
+        yield
 
 
 def relative_error(got, expected) -> float:
@@ -135,8 +143,14 @@ def build(cfg):
 def test_classifier_compiles_for_training_and_evaluation(backend):
     if backend == 'inductor':
         # in an interpreter of its own: the test worker never loads the generated C++ libraries
-        in_new_interpreter(check_classifier, backend)
+        in_new_interpreter(check_classifier_one_thread, backend)
     else:
+        check_classifier(backend)
+
+
+def check_classifier_one_thread(backend):
+    """:func:`check_classifier` under the settings the fixture gives each test here (for a new interpreter)."""
+    with one_thread_fresh_compiler():
         check_classifier(backend)
 
 
@@ -144,7 +158,6 @@ def check_classifier(backend):
     """The classifier's loss (training) and logits (evaluation), eager against ``backend``."""
     from mmengine.config import Config
     from mmpretrain.structures import DataSample
-    torch.set_num_threads(1)
     cfg = Config.fromfile(CLASSIFIER)
     cfg.model.backbone.arch = dict(COMPILE_ARCH, cls_proj_channels=64)
     cfg.model.backbone.drop_path_rate = 0.0
@@ -155,9 +168,8 @@ def check_classifier(backend):
     model = build(cfg)
     images = torch.randn(*IMAGES)
     samples = [DataSample().set_gt_label(label) for label in (1, 3)]
-    with torch._inductor.config.patch(compile_threads=1):
-        check_compiled_training_and_evaluation(
-            model, lambda m: m(images, samples, mode='loss')['loss'], lambda m: m(images, mode='tensor'), backend)
+    check_compiled_training_and_evaluation(
+        model, lambda m: m(images, samples, mode='loss')['loss'], lambda m: m(images, mode='tensor'), backend)
 
 
 # ----------------------------------------------------------------------------- detection
