@@ -357,10 +357,15 @@ _setup_seconds = {}
 
 
 def pytest_report_header(config):
-    """The machine the figures come from: CPU model, vector ISA, float32 sgemm rate (README, "Tests")."""
-    import time
+    """The machine the figures come from: CPU model, vector ISA, float32 sgemm rate (README, "Tests").
+
+    The rate is the benchmark tools' (:func:`polaformerpp.analysis.sgemm_seconds`), median of 9.
+    """
+    import statistics
 
     import torch
+
+    from polaformerpp.analysis import SGEMM_SIZE, sgemm_gflops, sgemm_seconds
     model, flags = 'unknown', set()
     try:
         with open('/proc/cpuinfo') as f:
@@ -374,18 +379,11 @@ def pytest_report_header(config):
     except OSError:
         pass
     isa = [flag for flag in ('avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_tile') if flag in flags]
-    threads = torch.get_num_threads()
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    a @ b  # warm-up: thread pool and allocator
-    seconds = []
-    for _ in range(9):
-        start = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - start)
-    gflops = 2 * 2048 ** 3 / sorted(seconds)[4] / 1e9
+    sgemm = sgemm_seconds('cpu')  # warms up once
+    gflops = sgemm_gflops(statistics.median(sgemm() for _ in range(9)))
     return [f'cpu: {model}, {os.cpu_count()} cores, flags {" ".join(isa) or "(none of avx2/avx512)"}, '
             f'torch on {torch.backends.cpu.get_cpu_capability()}',
-            f'float32 sgemm 2048^3 on {threads} threads: {gflops:.0f} GFLOP/s (median of 9)']
+            f'float32 sgemm {SGEMM_SIZE}^3 on {torch.get_num_threads()} threads: {gflops:.0f} GFLOP/s (median of 9)']
 
 
 def pytest_collection_finish(session):
